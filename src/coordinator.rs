@@ -1,0 +1,236 @@
+//! The `Coordinator` contract: the seam between the runtime and the backends.
+//!
+//! A backend keeps, per chat, a FIFO queue of *tickets* (one per message taken in) and
+//! at most one *holder*: the ticket whose turn it is. The holder has a lease with a TTL
+//! and a fencing token that is strictly greater than every token handed out before for
+//! that chat. The runtime ([`Replica`](crate::Replica)) drives the backend through the
+//! calls below; users only implement this trait to add a backend.
+//!
+//! The protocol a backend must follow, which the conformance suite in `tests/` checks:
+//!
+//! 1. [`enqueue`](Coordinator::enqueue) places a ticket at the tail of the chat's queue
+//!    and returns only once it is placed. When the chat is free and nobody waits, the
+//!    ticket is granted at once (one call for the uncontended case). A message id seen
+//!    for that chat within the dedup window is answered `Duplicate` instead, unless the
+//!    ticket that claimed it ended without being handled (its replica died or it timed
+//!    out), in which case the new ticket takes over the claim.
+//! 2. [`release`](Coordinator::release) ends a holder's turn and hands the turn straight
+//!    to the next live ticket in the queue (no one can barge in between). A grant for
+//!    the calling replica is returned; a grant for another replica is pushed to that
+//!    replica's [`GrantSink`].
+//! 3. Tickets whose wait deadline passed, or whose replica stopped renewing, are skipped
+//!    at hand-over. A holder whose lease expired is replaced by the next waiter when
+//!    anyone touches the chat ([`poll`](Coordinator::poll) is the periodic safety
+//!    re-check that makes sure someone does).
+//! 4. [`renew`](Coordinator::renew) extends every listed lease of one replica, and the
+//!    replica's own liveness, in one call.
+//!
+//! Fencing tokens follow Kleppmann, "How to do distributed locking" (2016): a resource
+//! that remembers the highest token it saw can refuse a write from a deposed holder.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A fencing token: strictly increasing per chat, across replicas, restarts and idle
+/// periods.
+pub type Token = u64;
+
+/// The name of one replica, unique among the replicas sharing a coordinator.
+pub type ReplicaId = Arc<str>;
+
+/// One place in a chat's queue: the replica that asked and a sequence number unique
+/// within that replica.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Ticket {
+    /// The replica that enqueued the ticket.
+    pub replica: ReplicaId,
+    /// A number unique among this replica's tickets (a per-replica counter).
+    pub seq: u64,
+}
+
+impl fmt::Display for Ticket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}#{}", self.replica, self.seq)
+    }
+}
+
+/// Who held a chat's turn before this grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Previous {
+    /// The replica that held the previous turn.
+    pub replica: ReplicaId,
+    /// The fencing token of that previous turn.
+    pub token: Token,
+}
+
+/// A turn handed to a ticket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The ticket that now holds the chat.
+    pub ticket: Ticket,
+    /// The grant's fencing token.
+    pub token: Token,
+    /// The previous holder, when the backend still remembers it (it forgets it once
+    /// the chat has been idle long enough for its keys to expire).
+    pub previous: Option<Previous>,
+}
+
+/// What [`Coordinator::enqueue`] asks for.
+#[derive(Clone, Copy, Debug)]
+pub struct EnqueueRequest<'a> {
+    /// The chat id: any UTF-8 string.
+    pub chat: &'a str,
+    /// The new ticket.
+    pub ticket: &'a Ticket,
+    /// The message id, for duplicate suppression; `None` disables it for this message.
+    pub message_id: Option<&'a str>,
+    /// Longest the ticket may wait in the queue; after that it is skipped.
+    pub wait: Duration,
+}
+
+/// The answer to [`Coordinator::enqueue`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Enqueued {
+    /// The chat was free: the ticket holds the turn now.
+    Granted(Grant),
+    /// The ticket is queued; its grant will be pushed or found by [`Coordinator::poll`].
+    Queued,
+    /// The message id was already claimed within the dedup window; nothing was queued.
+    Duplicate,
+}
+
+/// A held lease, as listed to [`Coordinator::renew`] and [`Coordinator::release`].
+#[derive(Clone, Copy, Debug)]
+pub struct HeldLease<'a> {
+    /// The chat.
+    pub chat: &'a str,
+    /// The holding ticket.
+    pub ticket: &'a Ticket,
+    /// The fencing token of the grant.
+    pub token: Token,
+}
+
+/// A ticket still waiting, as listed to [`Coordinator::poll`] and
+/// [`Coordinator::cancel`].
+#[derive(Clone, Copy, Debug)]
+pub struct Waiting<'a> {
+    /// The chat.
+    pub chat: &'a str,
+    /// The waiting ticket.
+    pub ticket: &'a Ticket,
+}
+
+/// The answer to [`Coordinator::release`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// The turn was ours and is released; `next` is the grant made to one of the
+    /// calling replica's own tickets, if the turn went to one of them.
+    Released {
+        /// A grant to the caller's own next ticket, which the backend did not push.
+        next: Option<Grant>,
+    },
+    /// The lease had already been lost (expired, or the chat was granted to someone
+    /// else); nothing was changed.
+    Lost,
+}
+
+/// Where a backend pushes grants for a replica's queued tickets: `(chat, grant)`.
+///
+/// Called from whatever thread made the grant (another replica's worker, a subscriber
+/// thread), never while the backend holds a lock, so it may call back into the backend.
+pub type GrantSink = Arc<dyn Fn(&str, Grant) + Send + Sync>;
+
+/// A failure to reach or use the backend.
+#[derive(Debug, Clone)]
+pub struct BackendError {
+    message: String,
+}
+
+impl BackendError {
+    /// A backend error with a one-line description (no secrets: no passwords or URLs
+    /// with credentials).
+    pub fn new(message: impl Into<String>) -> Self {
+        BackendError {
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for BackendError {}
+
+/// The backend shared by the replicas of one bot.
+///
+/// Implementations: [`MemoryCoordinator`](crate::MemoryCoordinator) (one process).
+/// Every method may block on I/O but never for longer than the backend's own timeouts;
+/// none may block waiting for a turn (waiting is the runtime's job).
+pub trait Coordinator: Send + Sync + 'static {
+    /// A short name of the backend for logs and benchmark records (`"memory"`, `"redis"`).
+    fn backend(&self) -> &'static str;
+
+    /// The TTL of every lease this backend grants.
+    fn lease_ttl(&self) -> Duration;
+
+    /// Registers a replica and where its grants are pushed. Re-attaching an id replaces
+    /// the sink (a restarted process reusing its name).
+    ///
+    /// # Errors
+    /// [`BackendError`] when the backend cannot be reached.
+    fn attach(&self, replica: &ReplicaId, sink: GrantSink) -> Result<(), BackendError>;
+
+    /// A clean stop: releases every lease the replica holds (handing each chat to its
+    /// next waiter), removes its queued tickets and forgets its sink.
+    ///
+    /// # Errors
+    /// [`BackendError`] when the backend cannot be reached; leases then expire by TTL.
+    fn detach(&self, replica: &ReplicaId) -> Result<(), BackendError>;
+
+    /// Places a ticket in its chat's queue (see the module docs, rule 1).
+    ///
+    /// # Errors
+    /// [`BackendError`] when the backend cannot be reached; the ticket may or may not
+    /// be queued then, and the runtime treats it as not taken in.
+    fn enqueue(&self, request: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError>;
+
+    /// The safety re-check: for each waiting ticket, whether it holds the turn now.
+    /// Expired holders are replaced first, so this is also how a crashed holder's chat
+    /// moves on. Grants made to other replicas on the way are pushed to them.
+    ///
+    /// # Errors
+    /// [`BackendError`] when the backend cannot be reached.
+    fn poll(&self, waiting: &[Waiting<'_>]) -> Result<Vec<Option<Grant>>, BackendError>;
+
+    /// Takes a waiting ticket out of its queue (its wait ran out). Returns the grant if
+    /// the ticket had been granted in the meantime, so the caller can use or release
+    /// it.
+    ///
+    /// # Errors
+    /// [`BackendError`] when the backend cannot be reached.
+    fn cancel(&self, waiting: &Waiting<'_>) -> Result<Option<Grant>, BackendError>;
+
+    /// Ends a held turn and hands it to the next live waiter (rule 2). `handled`
+    /// names the message id whose claim becomes final (a later delivery of it is a
+    /// duplicate); `None` when the message was not handled or had no id.
+    ///
+    /// # Errors
+    /// [`BackendError`] when the backend cannot be reached; the lease then expires.
+    fn release(
+        &self,
+        lease: &HeldLease<'_>,
+        handled: Option<&str>,
+    ) -> Result<Released, BackendError>;
+
+    /// Extends the listed leases of `replica` and the replica's liveness by one TTL, in
+    /// one call. Returns, per lease, whether it was still held.
+    ///
+    /// # Errors
+    /// [`BackendError`] when the backend cannot be reached.
+    fn renew(&self, replica: &ReplicaId, held: &[HeldLease<'_>])
+    -> Result<Vec<bool>, BackendError>;
+}

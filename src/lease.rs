@@ -1,0 +1,83 @@
+//! The renewal thread: one per replica, one coordinator call per tick.
+//!
+//! Every tick (TTL/3) the thread renews all leases the replica holds in a single
+//! [`Coordinator::renew`](crate::Coordinator::renew) call, which also refreshes the
+//! replica's liveness (so its queued tickets are not skipped), and then runs the slow
+//! safety re-check for waiters that may have missed their wake-up. A lease the
+//! coordinator refuses, or every lease when the coordinator has been unreachable for
+//! longer than the TTL, is marked lost: the holder sees it in
+//! [`Turn::is_lost`](crate::Turn::is_lost) and its release reports `lost`.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::coordinator::HeldLease;
+use crate::metrics::{dec, inc};
+use crate::replica::Inner;
+use crate::turn::TurnState;
+
+/// The renewal period for a TTL: a third of it, so two renewals may fail before the
+/// lease lapses.
+pub(crate) fn period(ttl: Duration) -> Duration {
+    (ttl / 3).max(Duration::from_millis(1))
+}
+
+pub(crate) fn renewal_loop(inner: &Arc<Inner>) {
+    let period = period(inner.ttl);
+    let mut last_ok = Instant::now();
+    let mut next = Instant::now() + period;
+    loop {
+        {
+            let mut stop = inner.stop.lock();
+            while !*stop && Instant::now() < next {
+                inner.stop_cv.wait_until(&mut stop, next);
+            }
+            if *stop {
+                return;
+            }
+        }
+        next = Instant::now() + period;
+        renew_once(inner, &mut last_ok);
+        inner.recheck(period);
+    }
+}
+
+fn renew_once(inner: &Arc<Inner>, last_ok: &mut Instant) {
+    let held: Vec<Arc<TurnState>> = inner.held.lock().values().cloned().collect();
+    let leases: Vec<HeldLease<'_>> = held.iter().map(|s| s.lease()).collect();
+    match inner.coordinator.renew(&inner.id, &leases) {
+        Ok(kept) => {
+            *last_ok = Instant::now();
+            for (state, kept) in held.iter().zip(kept) {
+                if !kept {
+                    mark_lost(inner, state, "renewal refused");
+                }
+            }
+        }
+        Err(e) => {
+            inc(&inner.metrics.backend_errors);
+            log::warn!(target: "botmesh::lease", "renewal failed: {e}");
+            if last_ok.elapsed() > inner.ttl {
+                for state in &held {
+                    mark_lost(inner, state, "coordinator unreachable for longer than the TTL");
+                }
+            }
+        }
+    }
+}
+
+fn mark_lost(inner: &Inner, state: &TurnState, why: &str) {
+    if !state.lost.swap(true, Ordering::AcqRel) {
+        inc(&inner.metrics.lost);
+        if inner.held.lock().remove(&state.ticket.seq).is_some() {
+            dec(&inner.metrics.held);
+        }
+        log::warn!(
+            target: "botmesh::lease",
+            "turn on chat {:?} (token {}) lost: {why}",
+            state.chat,
+            state.token
+        );
+    }
+}

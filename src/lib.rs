@@ -1,0 +1,78 @@
+//! # botmesh
+//!
+//! Run a chatbot as N replicas safely, on plain threads, with no async runtime.
+//!
+//! A bot scaled to several processes breaks in three ways; botmesh answers each:
+//!
+//! - **Turns.** Two replicas must never handle one chat at once or out of order. Each
+//!   chat has a *turn*: a FIFO queue of its messages across all replicas, and a leased
+//!   lock held by one message at a time. Every grant carries a *fencing token*
+//!   (Kleppmann, "How to do distributed locking", 2016), strictly increasing per chat,
+//!   that stores can use to refuse a deposed holder's writes.
+//! - **Leases.** A held turn is a lease with a TTL, renewed for all chats of a replica
+//!   in one coordinator call per tick by one thread. A replica that dies frees its
+//!   chats within the TTL (Gray and Cheriton, "Leases", 1989).
+//! - **Backends.** [`MemoryCoordinator`] for one process (and for tests: replicas as
+//!   threads, crashes included); other backends implement [`Coordinator`].
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use botmesh::{Bot, CoordinationConfig, CoordinatorConfig, MemoryCoordinator, Message};
+//!
+//! // Two replicas in one process share one coordinator.
+//! let coordinator = Arc::new(MemoryCoordinator::new());
+//! let handled = Arc::new(AtomicUsize::new(0));
+//! let replicas: Vec<Bot> = ["r1", "r2"]
+//!     .into_iter()
+//!     .map(|id| {
+//!         let handled = handled.clone();
+//!         Bot::builder()
+//!             .id(id)
+//!             .coordination(CoordinationConfig::new(CoordinatorConfig::Shared(coordinator.clone())))
+//!             .handler(move |ctx| {
+//!                 assert!(!ctx.turn().is_lost());
+//!                 handled.fetch_add(1, Ordering::Relaxed);
+//!                 Ok(())
+//!             })
+//!             .build()
+//!     })
+//!     .collect::<Result<_, _>>()
+//!     .unwrap();
+//! // A load balancer spreads one chat's messages over both replicas; they still run
+//! // one at a time and in order.
+//! for i in 0..10 {
+//!     let msg = Message::new("chat-42", format!("message {i}")).with_id(i.to_string());
+//!     replicas[i % 2].intake().deliver(msg).unwrap();
+//! }
+//! for bot in replicas {
+//!     bot.shutdown();
+//! }
+//! assert_eq!(handled.load(Ordering::Relaxed), 10);
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
+#![deny(clippy::unwrap_used)]
+
+pub mod config;
+pub mod coordinator;
+mod error;
+pub mod lease;
+pub mod memory;
+mod message;
+mod metrics;
+pub mod provider;
+pub mod replica;
+pub mod runtime;
+pub mod turn;
+
+pub use config::{CoordinationConfig, CoordinatorConfig};
+pub use coordinator::{Coordinator, Grant, Previous, ReplicaId, Ticket, Token};
+pub use error::{CoordinationUnavailableError, Error, HandlerError, Reason};
+pub use memory::MemoryCoordinator;
+pub use message::{Message, Outcome};
+pub use metrics::{MetricsSnapshot, WAIT_BUCKETS};
+pub use provider::{Capabilities, Provider, ProviderError};
+pub use replica::{Accepted, Replica};
+pub use runtime::{Bot, BotBuilder, Context, Intake, StartError};
+pub use turn::Turn;

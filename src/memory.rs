@@ -1,0 +1,503 @@
+//! `MemoryCoordinator`: the backend for one process.
+//!
+//! Replicas simulated as threads (or several bots in one process) share one
+//! `MemoryCoordinator` through an `Arc`. It keeps the whole [`Coordinator`] contract,
+//! lease expiry included, so a replica can "crash" in a test ([`Replica::abort`]) and
+//! its chats come free within the TTL, exactly as with Redis.
+//!
+//! State is split into shards by a hash of the chat id, so unrelated chats do not
+//! contend on one mutex. Fencing tokens come from one process-wide counter, which makes
+//! them strictly increasing per chat even after an idle chat's state was dropped.
+//! Expiry is evaluated lazily, like Redis key expiry: whoever touches a chat next
+//! (a release, an enqueue, the re-check of [`Coordinator::poll`]) moves it on.
+//!
+//! [`Replica::abort`]: crate::Replica::abort
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::coordinator::{
+    BackendError, Coordinator, EnqueueRequest, Enqueued, Grant, GrantSink, HeldLease, Previous,
+    Released, ReplicaId, Ticket, Token, Waiting,
+};
+
+const SHARDS: usize = 32;
+/// Durations are clamped here so that `Instant + d` cannot overflow (about 100 years).
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// The default lease TTL: 10 s.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+/// The default duplicate-suppression window: 10 min.
+pub const DEFAULT_DEDUP_WINDOW: Duration = Duration::from_secs(600);
+
+/// The in-process backend: one process, any number of replicas (threads).
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use botmesh::{MemoryCoordinator, Replica};
+///
+/// let coordinator = Arc::new(MemoryCoordinator::new());
+/// let replica = Replica::start("r1", coordinator.clone()).unwrap();
+/// let turn = replica.acquire("chat-1", Duration::from_secs(1)).unwrap();
+/// assert!(!turn.is_lost());
+/// turn.release().unwrap();
+/// replica.shutdown();
+/// ```
+pub struct MemoryCoordinator {
+    ttl: Duration,
+    dedup_window: Duration,
+    shards: Box<[Mutex<Shard>]>,
+    replicas: RwLock<HashMap<ReplicaId, ReplicaEntry>>,
+    last_token: AtomicU64,
+}
+
+struct ReplicaEntry {
+    sink: GrantSink,
+    alive_until: Instant,
+}
+
+#[derive(Default)]
+struct Shard {
+    chats: HashMap<String, ChatState>,
+    seen: HashMap<(String, String), Seen>,
+    /// Claims in the order they were made, so expired ones are purged from the front.
+    seen_order: VecDeque<(Instant, (String, String))>,
+}
+
+#[derive(Default)]
+struct ChatState {
+    holder: Option<Holder>,
+    queue: VecDeque<Queued>,
+    previous: Option<Previous>,
+}
+
+struct Holder {
+    ticket: Ticket,
+    token: Token,
+    lease_until: Instant,
+    previous: Option<Previous>,
+}
+
+struct Queued {
+    ticket: Ticket,
+    deadline: Instant,
+}
+
+struct Seen {
+    expires: Instant,
+    /// `Some(ticket)` while the claiming ticket has not been handled; `None` once done.
+    claimed_by: Option<Ticket>,
+}
+
+/// Grants to push once the shard lock is released.
+type Pushes = Vec<(String, Grant)>;
+
+impl Default for MemoryCoordinator {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for MemoryCoordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryCoordinator")
+            .field("lease_ttl", &self.ttl)
+            .field("dedup_window", &self.dedup_window)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryCoordinator {
+    /// A coordinator with the default lease TTL (10 s) and dedup window (10 min).
+    pub fn new() -> Self {
+        Self::with_settings(DEFAULT_LEASE_TTL, DEFAULT_DEDUP_WINDOW)
+    }
+
+    /// A coordinator with the given lease TTL and duplicate-suppression window (a zero
+    /// window turns duplicate suppression off). Values over ~100 years are clamped.
+    pub fn with_settings(lease_ttl: Duration, dedup_window: Duration) -> Self {
+        MemoryCoordinator {
+            ttl: lease_ttl.min(FOREVER),
+            dedup_window: dedup_window.min(FOREVER),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            replicas: RwLock::new(HashMap::new()),
+            last_token: AtomicU64::new(0),
+        }
+    }
+
+    /// The coordinator of a bot without coordination: leases never expire, so no
+    /// renewal thread is needed.
+    pub(crate) fn local() -> Self {
+        Self::with_settings(FOREVER, DEFAULT_DEDUP_WINDOW)
+    }
+
+    /// How many chats currently have state (a holder or waiters): 0 when all are idle.
+    pub fn active_chats(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().chats.len()).sum()
+    }
+
+    fn shard(&self, chat: &str) -> &Mutex<Shard> {
+        let mut h = DefaultHasher::new();
+        chat.hash(&mut h);
+        &self.shards[(h.finish() as usize) % self.shards.len()]
+    }
+
+    fn alive(&self, replica: &ReplicaId, now: Instant) -> bool {
+        self.replicas
+            .read()
+            .get(replica)
+            .is_some_and(|r| r.alive_until >= now)
+    }
+
+    /// Moves a chat on: an expired holder is dropped, and a free chat is granted to
+    /// the first live ticket in its queue. Returns the grant made, if any.
+    fn settle(&self, chat: &mut ChatState, now: Instant) -> Option<Grant> {
+        if let Some(h) = &chat.holder {
+            if h.lease_until >= now {
+                return None;
+            }
+            log::debug!(target: "botmesh::memory", "lease of {} expired", h.ticket);
+            chat.previous = Some(Previous {
+                replica: h.ticket.replica.clone(),
+                token: h.token,
+            });
+            chat.holder = None;
+        }
+        while let Some(q) = chat.queue.pop_front() {
+            if q.deadline < now || !self.alive(&q.ticket.replica, now) {
+                continue;
+            }
+            let token = self.last_token.fetch_add(1, Ordering::Relaxed) + 1;
+            let previous = chat.previous.clone();
+            chat.holder = Some(Holder {
+                ticket: q.ticket.clone(),
+                token,
+                lease_until: now + self.ttl,
+                previous: previous.clone(),
+            });
+            return Some(Grant {
+                ticket: q.ticket,
+                token,
+                previous,
+            });
+        }
+        None
+    }
+
+    fn push(&self, pushes: Pushes) {
+        for (chat, grant) in pushes {
+            let sink = self
+                .replicas
+                .read()
+                .get(&grant.ticket.replica)
+                .map(|r| r.sink.clone());
+            // A replica that detached meanwhile is skipped: its grant expires by TTL.
+            if let Some(sink) = sink {
+                sink(&chat, grant);
+            }
+        }
+    }
+
+    fn ticket_alive(&self, chat: Option<&ChatState>, ticket: &Ticket, now: Instant) -> bool {
+        let Some(chat) = chat else { return false };
+        if let Some(h) = &chat.holder {
+            if &h.ticket == ticket {
+                return h.lease_until >= now;
+            }
+        }
+        chat.queue
+            .iter()
+            .any(|q| &q.ticket == ticket && q.deadline >= now)
+            && self.alive(&ticket.replica, now)
+    }
+}
+
+fn drop_if_idle(shard: &mut Shard, chat: &str) {
+    if shard
+        .chats
+        .get(chat)
+        .is_some_and(|c| c.holder.is_none() && c.queue.is_empty())
+    {
+        shard.chats.remove(chat);
+    }
+}
+
+fn purge_seen(shard: &mut Shard, now: Instant) {
+    while let Some((expires, _)) = shard.seen_order.front() {
+        if *expires >= now {
+            break;
+        }
+        if let Some((_, key)) = shard.seen_order.pop_front() {
+            if shard.seen.get(&key).is_some_and(|s| s.expires < now) {
+                shard.seen.remove(&key);
+            }
+        }
+    }
+}
+
+fn grant_of(holder: &Holder) -> Grant {
+    Grant {
+        ticket: holder.ticket.clone(),
+        token: holder.token,
+        previous: holder.previous.clone(),
+    }
+}
+
+impl Coordinator for MemoryCoordinator {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    fn lease_ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn attach(&self, replica: &ReplicaId, sink: GrantSink) -> Result<(), BackendError> {
+        let entry = ReplicaEntry {
+            sink,
+            alive_until: Instant::now() + self.ttl,
+        };
+        self.replicas.write().insert(replica.clone(), entry);
+        Ok(())
+    }
+
+    fn detach(&self, replica: &ReplicaId) -> Result<(), BackendError> {
+        self.replicas.write().remove(replica);
+        let now = Instant::now();
+        let mut pushes = Pushes::new();
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            let mut touched = Vec::new();
+            for (id, chat) in shard.chats.iter_mut() {
+                chat.queue.retain(|q| &q.ticket.replica != replica);
+                if chat
+                    .holder
+                    .as_ref()
+                    .is_some_and(|h| &h.ticket.replica == replica)
+                {
+                    if let Some(h) = chat.holder.take() {
+                        chat.previous = Some(Previous {
+                            replica: replica.clone(),
+                            token: h.token,
+                        });
+                    }
+                }
+                if let Some(g) = self.settle(chat, now) {
+                    pushes.push((id.clone(), g));
+                }
+                touched.push(id.clone());
+            }
+            for id in touched {
+                drop_if_idle(&mut shard, &id);
+            }
+        }
+        self.push(pushes);
+        Ok(())
+    }
+
+    fn enqueue(&self, req: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError> {
+        let now = Instant::now();
+        let mut pushes = Pushes::new();
+        let result = {
+            let mut guard = self.shard(req.chat).lock();
+            let shard = &mut *guard;
+            if let Some(id) = req.message_id.filter(|_| !self.dedup_window.is_zero()) {
+                purge_seen(shard, now);
+                let key = (req.chat.to_owned(), id.to_owned());
+                let duplicate = match shard.seen.get(&key) {
+                    None => false,
+                    Some(s) if s.expires < now => false,
+                    Some(Seen {
+                        claimed_by: None, ..
+                    }) => true,
+                    Some(Seen {
+                        claimed_by: Some(t),
+                        ..
+                    }) => self.ticket_alive(shard.chats.get(req.chat), t, now),
+                };
+                if duplicate {
+                    return Ok(Enqueued::Duplicate);
+                }
+                let expires = now + self.dedup_window;
+                shard.seen.insert(
+                    key.clone(),
+                    Seen {
+                        expires,
+                        claimed_by: Some(req.ticket.clone()),
+                    },
+                );
+                shard.seen_order.push_back((expires, key));
+            }
+            let chat = shard.chats.entry(req.chat.to_owned()).or_default();
+            chat.queue.push_back(Queued {
+                ticket: req.ticket.clone(),
+                deadline: now + req.wait.min(FOREVER),
+            });
+            match self.settle(chat, now) {
+                Some(g) if &g.ticket == req.ticket => Enqueued::Granted(g),
+                Some(g) => {
+                    // An earlier waiter got the turn because an old holder had expired.
+                    pushes.push((req.chat.to_owned(), g));
+                    Enqueued::Queued
+                }
+                None => Enqueued::Queued,
+            }
+        };
+        self.push(pushes);
+        Ok(result)
+    }
+
+    fn poll(&self, waiting: &[Waiting<'_>]) -> Result<Vec<Option<Grant>>, BackendError> {
+        let now = Instant::now();
+        let mut pushes = Pushes::new();
+        let mut out = Vec::with_capacity(waiting.len());
+        for w in waiting {
+            let mut shard = self.shard(w.chat).lock();
+            let Some(chat) = shard.chats.get_mut(w.chat) else {
+                out.push(None);
+                continue;
+            };
+            if let Some(g) = self.settle(chat, now) {
+                if &g.ticket != w.ticket {
+                    pushes.push((w.chat.to_owned(), g));
+                }
+            }
+            let mine = chat
+                .holder
+                .as_ref()
+                .filter(|h| &h.ticket == w.ticket)
+                .map(grant_of);
+            out.push(mine);
+            drop_if_idle(&mut shard, w.chat);
+        }
+        self.push(pushes);
+        Ok(out)
+    }
+
+    fn cancel(&self, w: &Waiting<'_>) -> Result<Option<Grant>, BackendError> {
+        let now = Instant::now();
+        let mut pushes = Pushes::new();
+        let result = {
+            let mut guard = self.shard(w.chat).lock();
+            let shard = &mut *guard;
+            let mut result = None;
+            if let Some(chat) = shard.chats.get_mut(w.chat) {
+                if let Some(g) = self.settle(chat, now) {
+                    if &g.ticket != w.ticket {
+                        pushes.push((w.chat.to_owned(), g));
+                    }
+                }
+                result = chat
+                    .holder
+                    .as_ref()
+                    .filter(|h| &h.ticket == w.ticket)
+                    .map(grant_of);
+                if result.is_none() {
+                    chat.queue.retain(|q| &q.ticket != w.ticket);
+                }
+            }
+            if result.is_none() {
+                // A message that timed out may be delivered again and then handled.
+                shard
+                    .seen
+                    .retain(|_, s| s.claimed_by.as_ref() != Some(w.ticket));
+            }
+            drop_if_idle(shard, w.chat);
+            result
+        };
+        self.push(pushes);
+        Ok(result)
+    }
+
+    fn release(
+        &self,
+        lease: &HeldLease<'_>,
+        handled: Option<&str>,
+    ) -> Result<Released, BackendError> {
+        let now = Instant::now();
+        let mut pushes = Pushes::new();
+        let result = {
+            let mut guard = self.shard(lease.chat).lock();
+            let shard = &mut *guard;
+            let Some(chat) = shard.chats.get_mut(lease.chat) else {
+                return Ok(Released::Lost);
+            };
+            let ours = chat.holder.as_ref().is_some_and(|h| {
+                &h.ticket == lease.ticket && h.token == lease.token && h.lease_until >= now
+            });
+            let result = if ours {
+                chat.holder = None;
+                chat.previous = Some(Previous {
+                    replica: lease.ticket.replica.clone(),
+                    token: lease.token,
+                });
+                let next = match self.settle(chat, now) {
+                    Some(g) if g.ticket.replica == lease.ticket.replica => Some(g),
+                    Some(g) => {
+                        pushes.push((lease.chat.to_owned(), g));
+                        None
+                    }
+                    None => None,
+                };
+                if let Some(id) = handled {
+                    if let Some(s) = shard
+                        .seen
+                        .get_mut(&(lease.chat.to_owned(), id.to_owned()))
+                    {
+                        if s.claimed_by.as_ref() == Some(lease.ticket) {
+                            s.claimed_by = None;
+                        }
+                    }
+                }
+                Released::Released { next }
+            } else {
+                if let Some(g) = self.settle(chat, now) {
+                    pushes.push((lease.chat.to_owned(), g));
+                }
+                Released::Lost
+            };
+            drop_if_idle(shard, lease.chat);
+            result
+        };
+        self.push(pushes);
+        Ok(result)
+    }
+
+    fn renew(
+        &self,
+        replica: &ReplicaId,
+        held: &[HeldLease<'_>],
+    ) -> Result<Vec<bool>, BackendError> {
+        let now = Instant::now();
+        if let Some(r) = self.replicas.write().get_mut(replica) {
+            r.alive_until = now + self.ttl;
+        }
+        let mut out = Vec::with_capacity(held.len());
+        for lease in held {
+            let mut shard = self.shard(lease.chat).lock();
+            let kept = match shard
+                .chats
+                .get_mut(lease.chat)
+                .and_then(|c| c.holder.as_mut())
+            {
+                Some(h) if &h.ticket == lease.ticket && h.token == lease.token => {
+                    if h.lease_until >= now {
+                        h.lease_until = now + self.ttl;
+                        true
+                    } else {
+                        false
+                    }
+                }
+                _ => false,
+            };
+            out.push(kept);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,147 @@
+//! Counters and gauges an operator can read (SPEC §7).
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Buckets of the wait-time histogram: bucket `i` counts waits below `2^i` µs
+/// (bucket 0: under 1 µs); the last bucket takes everything longer.
+pub const WAIT_BUCKETS: usize = 32;
+
+/// Live counters of one replica, updated with relaxed atomics.
+#[derive(Default)]
+pub(crate) struct Metrics {
+    pub(crate) accepted: AtomicU64,
+    pub(crate) granted: AtomicU64,
+    pub(crate) waited: AtomicU64,
+    pub(crate) timed_out: AtomicU64,
+    pub(crate) lost: AtomicU64,
+    pub(crate) handovers: AtomicU64,
+    pub(crate) duplicates: AtomicU64,
+    pub(crate) handled: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) backend_errors: AtomicU64,
+    pub(crate) shutting_down: AtomicU64,
+    pub(crate) leadership_changes: AtomicU64,
+    pub(crate) held: AtomicU64,
+    pub(crate) waiting: AtomicU64,
+    wait_hist: [AtomicU64; WAIT_BUCKETS],
+}
+
+pub(crate) fn inc(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+pub(crate) fn dec(counter: &AtomicU64) {
+    counter.fetch_sub(1, Ordering::Relaxed);
+}
+
+impl Metrics {
+    pub(crate) fn record_wait(&self, waited: Duration) {
+        let us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+        let bucket = (64 - us.leading_zeros() as usize).min(WAIT_BUCKETS - 1);
+        self.wait_hist[bucket].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> MetricsSnapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        MetricsSnapshot {
+            accepted: get(&self.accepted),
+            turns_granted: get(&self.granted),
+            turns_waited: get(&self.waited),
+            timed_out: get(&self.timed_out),
+            lost: get(&self.lost),
+            handovers: get(&self.handovers),
+            duplicates: get(&self.duplicates),
+            handled: get(&self.handled),
+            failed: get(&self.failed),
+            backend_errors: get(&self.backend_errors),
+            shutting_down: get(&self.shutting_down),
+            leadership_changes: get(&self.leadership_changes),
+            turns_held: get(&self.held),
+            tickets_waiting: get(&self.waiting),
+            wait_histogram: std::array::from_fn(|i| get(&self.wait_hist[i])),
+        }
+    }
+}
+
+/// A point-in-time copy of one replica's counters (monotonic totals) and gauges.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetricsSnapshot {
+    /// Messages taken in (duplicates not included).
+    pub accepted: u64,
+    /// Turns granted to this replica.
+    pub turns_granted: u64,
+    /// Of those, turns that were not free at intake (the message queued first).
+    pub turns_waited: u64,
+    /// Messages dropped because they waited longer than `turn_wait`.
+    pub timed_out: u64,
+    /// Turns whose lease was lost while held.
+    pub lost: u64,
+    /// Grants whose previous holder was another replica.
+    pub handovers: u64,
+    /// Deliveries skipped as duplicates of a message id seen before.
+    pub duplicates: u64,
+    /// Messages whose handler ran and whose turn was released cleanly.
+    pub handled: u64,
+    /// Messages whose handler returned an error or panicked.
+    pub failed: u64,
+    /// Coordinator calls that failed.
+    pub backend_errors: u64,
+    /// Messages reported `shutting_down`.
+    pub shutting_down: u64,
+    /// Times this replica gained or lost a provider leadership.
+    pub leadership_changes: u64,
+    /// Gauge: turns held right now.
+    pub turns_held: u64,
+    /// Gauge: tickets queued and waiting right now.
+    pub tickets_waiting: u64,
+    /// Wait for the turn, intake to grant: bucket `i` counts waits under `2^i` µs.
+    pub wait_histogram: [u64; WAIT_BUCKETS],
+}
+
+impl MetricsSnapshot {
+    /// An upper bound of the `q` quantile (0.0..=1.0) of the wait for the turn, from the
+    /// histogram (so within a factor of 2); `None` when nothing was granted yet.
+    pub fn wait_quantile(&self, q: f64) -> Option<Duration> {
+        let total: u64 = self.wait_histogram.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, n) in self.wait_histogram.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return Some(Duration::from_micros(1u64 << i));
+            }
+        }
+        None
+    }
+}
+
+impl fmt::Display for MetricsSnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "accepted={} granted={} waited={} handled={} failed={} timed_out={} lost={} \
+             handovers={} duplicates={} backend_errors={} held={} waiting={}",
+            self.accepted,
+            self.turns_granted,
+            self.turns_waited,
+            self.handled,
+            self.failed,
+            self.timed_out,
+            self.lost,
+            self.handovers,
+            self.duplicates,
+            self.backend_errors,
+            self.turns_held,
+            self.tickets_waiting
+        )?;
+        if let Some(p99) = self.wait_quantile(0.99) {
+            write!(f, " wait_p99<{p99:?}")?;
+        }
+        Ok(())
+    }
+}

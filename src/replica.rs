@@ -1,0 +1,548 @@
+//! `Replica`: one member of a bot's replica set, attached to a coordinator.
+//!
+//! A replica owns the client side of the turn protocol: it numbers its tickets, routes
+//! grants (pushed by the backend, returned by a release, or found by the re-check) to
+//! whoever waits for them, drops tickets whose wait ran out, and runs the one renewal
+//! thread that keeps all its leases alive (see [`lease`](crate::lease)).
+//!
+//! Waiting never occupies a thread of the replica: a waiter is a callback in a table,
+//! run when its grant arrives. [`Replica::acquire`] is the blocking form for code that
+//! just wants a distributed per-chat lock.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::coordinator::{
+    BackendError, Coordinator, EnqueueRequest, Enqueued, Grant, GrantSink, Released, ReplicaId,
+    Ticket, Waiting,
+};
+use crate::error::{CoordinationUnavailableError, Reason};
+use crate::metrics::{Metrics, MetricsSnapshot, dec, inc};
+use crate::turn::{Turn, TurnState};
+
+const RUNNING: u8 = 0;
+const STOPPING: u8 = 1;
+const ABORTED: u8 = 2;
+
+/// What runs when a queued ticket's wait ends: with the turn, or with why not.
+pub(crate) type OnGrant = Box<dyn FnOnce(Result<Turn, CoordinationUnavailableError>) + Send>;
+
+/// The answer of an intake: the message holds its place, or was a duplicate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accepted {
+    /// The message holds its place in its chat's queue (or already holds the turn).
+    Queued,
+    /// The message id was seen within the dedup window; it will not run again.
+    Duplicate,
+}
+
+struct Waiter {
+    chat: Arc<str>,
+    message_id: Option<Arc<str>>,
+    since: Instant,
+    on_grant: OnGrant,
+}
+
+pub(crate) struct Inner {
+    pub(crate) id: ReplicaId,
+    pub(crate) coordinator: Arc<dyn Coordinator>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) ttl: Duration,
+    seq: AtomicU64,
+    state: AtomicU8,
+    waiting: Mutex<HashMap<u64, Waiter>>,
+    pub(crate) held: Mutex<HashMap<u64, Arc<TurnState>>>,
+    deadlines: Mutex<BinaryHeap<Reverse<(Instant, u64)>>>,
+    deadlines_cv: Condvar,
+    pub(crate) stop: Mutex<bool>,
+    pub(crate) stop_cv: Condvar,
+}
+
+/// One replica of a bot: a name, a coordinator, and the threads that keep its leases.
+///
+/// Threads: one renewal thread (renews every held lease in one coordinator call per
+/// tick, every TTL/3, and re-checks waiting tickets for lost wake-ups) and one timer
+/// thread (ends waits at their deadline). A replica without coordination (see
+/// [`Bot`](crate::Bot)) runs neither.
+pub struct Replica {
+    pub(crate) inner: Arc<Inner>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Replica {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replica")
+            .field("id", &self.inner.id)
+            .field("backend", &self.inner.coordinator.backend())
+            .finish()
+    }
+}
+
+impl Replica {
+    /// Attaches a replica named `id` to `coordinator` and starts its renewal and timer
+    /// threads.
+    ///
+    /// # Errors
+    /// [`BackendError`] when the coordinator cannot be reached, or when a thread cannot
+    /// be spawned.
+    pub fn start(
+        id: impl Into<String>,
+        coordinator: Arc<dyn Coordinator>,
+    ) -> Result<Replica, BackendError> {
+        Self::start_with(id.into(), coordinator, Arc::default(), true)
+    }
+
+    pub(crate) fn start_with(
+        id: String,
+        coordinator: Arc<dyn Coordinator>,
+        metrics: Arc<Metrics>,
+        background: bool,
+    ) -> Result<Replica, BackendError> {
+        let ttl = coordinator.lease_ttl();
+        let inner = Arc::new(Inner {
+            id: id.into(),
+            coordinator,
+            metrics,
+            ttl,
+            seq: AtomicU64::new(0),
+            state: AtomicU8::new(RUNNING),
+            waiting: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
+            deadlines: Mutex::new(BinaryHeap::new()),
+            deadlines_cv: Condvar::new(),
+            stop: Mutex::new(false),
+            stop_cv: Condvar::new(),
+        });
+        let weak: Weak<Inner> = Arc::downgrade(&inner);
+        let sink: GrantSink = Arc::new(move |chat: &str, grant: Grant| {
+            if let Some(inner) = weak.upgrade() {
+                inner.deliver(chat, grant);
+            }
+        });
+        inner.coordinator.attach(&inner.id, sink)?;
+        let mut threads = Vec::new();
+        if background {
+            let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+                std::thread::Builder::new()
+                    .name(name)
+                    .spawn(f)
+                    .map_err(|e| BackendError::new(format!("cannot spawn a thread: {e}")))
+            };
+            let a = inner.clone();
+            threads.push(spawn(
+                format!("botmesh-lease-{}", inner.id),
+                Box::new(move || crate::lease::renewal_loop(&a)),
+            )?);
+            let b = inner.clone();
+            threads.push(spawn(
+                format!("botmesh-timer-{}", inner.id),
+                Box::new(move || b.timer_loop()),
+            )?);
+        }
+        Ok(Replica { inner, threads })
+    }
+
+    /// This replica's id.
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// A snapshot of this replica's counters.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.inner.metrics.snapshot()
+    }
+
+    /// Waits for `chat`'s turn for at most `wait`, blocking the calling thread, and
+    /// returns it held. Turns are granted in FIFO order across replicas.
+    ///
+    /// # Errors
+    /// [`CoordinationUnavailableError`] with reason `timeout` when the wait ran out,
+    /// `backend` when the coordinator could not be reached, `shutting_down` when the
+    /// replica is stopping.
+    pub fn acquire(&self, chat: &str, wait: Duration) -> Result<Turn, CoordinationUnavailableError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let on_grant: OnGrant = Box::new(move |r| {
+            // The receiver only goes away if the caller's thread died; nothing to do then.
+            let _ = tx.send(r);
+        });
+        self.inner.enqueue(chat, None, wait, on_grant)?;
+        rx.recv().unwrap_or_else(|_| {
+            Err(CoordinationUnavailableError::new(
+                Reason::ShuttingDown,
+                chat,
+                None,
+            ))
+        })
+    }
+
+    /// A clean stop: ends the threads, reports waiting tickets as `shutting_down`, and
+    /// releases everything this replica holds at the coordinator so other replicas get
+    /// its chats at once. Drop the [`Turn`]s you hold first.
+    pub fn shutdown(mut self) {
+        self.stop(STOPPING);
+    }
+
+    /// A simulated crash: the threads stop and nothing is released or reported; the
+    /// replica's leases expire after the TTL and its queued tickets are skipped once its
+    /// liveness lapses. For tests and simulations of replica failure.
+    pub fn abort(mut self) {
+        self.stop(ABORTED);
+    }
+
+    fn stop(&mut self, how: u8) {
+        if self
+            .inner
+            .state
+            .compare_exchange(RUNNING, how, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return;
+        }
+        *self.inner.stop.lock() = true;
+        self.inner.stop_cv.notify_all();
+        self.inner.deadlines_cv.notify_all();
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                log::error!(target: "botmesh::replica", "a background thread panicked");
+            }
+        }
+        if how == ABORTED {
+            // Forget the waiters without calling them, as a dead process would.
+            self.inner.waiting.lock().clear();
+            self.inner.held.lock().clear();
+            return;
+        }
+        let waiters: Vec<(u64, Waiter)> = self.inner.waiting.lock().drain().collect();
+        for (seq, w) in waiters {
+            dec(&self.inner.metrics.waiting);
+            let ticket = self.inner.ticket(seq);
+            let waiting = Waiting {
+                chat: &w.chat,
+                ticket: &ticket,
+            };
+            if let Ok(Some(grant)) = self.inner.coordinator.cancel(&waiting) {
+                let lease = crate::coordinator::HeldLease {
+                    chat: &w.chat,
+                    ticket: &ticket,
+                    token: grant.token,
+                };
+                let _ = self.inner.coordinator.release(&lease, None);
+            }
+            inc(&self.inner.metrics.shutting_down);
+            (w.on_grant)(Err(CoordinationUnavailableError::new(
+                Reason::ShuttingDown,
+                &w.chat,
+                w.message_id.as_deref(),
+            )));
+        }
+        if let Err(e) = self.inner.coordinator.detach(&self.inner.id) {
+            log::warn!(target: "botmesh::replica", "detach of replica {} failed: {e}", self.inner.id);
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.stop(STOPPING);
+    }
+}
+
+impl Inner {
+    fn ticket(&self, seq: u64) -> Ticket {
+        Ticket {
+            replica: self.id.clone(),
+            seq,
+        }
+    }
+
+    fn take_waiter(&self, seq: u64) -> Option<Waiter> {
+        let w = self.waiting.lock().remove(&seq);
+        if w.is_some() {
+            dec(&self.metrics.waiting);
+        }
+        w
+    }
+
+    pub(crate) fn is_aborted(&self) -> bool {
+        self.state.load(Ordering::Acquire) == ABORTED
+    }
+
+    pub(crate) fn enqueue(
+        self: &Arc<Self>,
+        chat: &str,
+        message_id: Option<&str>,
+        wait: Duration,
+        on_grant: OnGrant,
+    ) -> Result<Accepted, CoordinationUnavailableError> {
+        if self.state.load(Ordering::Acquire) != RUNNING {
+            inc(&self.metrics.shutting_down);
+            return Err(CoordinationUnavailableError::new(
+                Reason::ShuttingDown,
+                chat,
+                message_id,
+            ));
+        }
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let ticket = self.ticket(seq);
+        let chat_arc: Arc<str> = Arc::from(chat);
+        let since = Instant::now();
+        // Registered before the call: a push may arrive before `enqueue` returns.
+        self.waiting.lock().insert(
+            seq,
+            Waiter {
+                chat: chat_arc,
+                message_id: message_id.map(Arc::from),
+                since,
+                on_grant,
+            },
+        );
+        inc(&self.metrics.waiting);
+        let request = EnqueueRequest {
+            chat,
+            ticket: &ticket,
+            message_id,
+            wait,
+        };
+        match self.coordinator.enqueue(&request) {
+            Ok(Enqueued::Granted(grant)) => {
+                inc(&self.metrics.accepted);
+                if let Some(w) = self.take_waiter(seq) {
+                    self.grant_to(w, grant, false);
+                }
+                Ok(Accepted::Queued)
+            }
+            Ok(Enqueued::Queued) => {
+                inc(&self.metrics.accepted);
+                if let Some(deadline) = since.checked_add(wait) {
+                    self.deadlines.lock().push(Reverse((deadline, seq)));
+                    self.deadlines_cv.notify_one();
+                }
+                Ok(Accepted::Queued)
+            }
+            Ok(Enqueued::Duplicate) => {
+                inc(&self.metrics.duplicates);
+                self.take_waiter(seq);
+                Ok(Accepted::Duplicate)
+            }
+            Err(e) => {
+                inc(&self.metrics.backend_errors);
+                self.take_waiter(seq);
+                log::warn!(target: "botmesh::replica", "enqueue on chat {chat:?} failed: {e}");
+                Err(CoordinationUnavailableError::new(Reason::Backend, chat, message_id)
+                    .with_source(e))
+            }
+        }
+    }
+
+    /// Routes a grant to its waiter; a grant nobody waits for is released.
+    pub(crate) fn deliver(self: &Arc<Self>, chat: &str, grant: Grant) {
+        if self.is_aborted() {
+            return;
+        }
+        match self.take_waiter(grant.ticket.seq) {
+            Some(w) => {
+                self.grant_to(w, grant, true);
+            }
+            None => {
+                if self.held.lock().contains_key(&grant.ticket.seq) {
+                    return; // the same grant seen twice (push and re-check)
+                }
+                // The waiter was resolved another way (its wait ran out at the same
+                // moment). The token check makes this release harmless if stale.
+                log::debug!(target: "botmesh::replica", "releasing unclaimed grant {}", grant.ticket);
+                let lease = crate::coordinator::HeldLease {
+                    chat,
+                    ticket: &grant.ticket,
+                    token: grant.token,
+                };
+                match self.coordinator.release(&lease, None) {
+                    Ok(Released::Released { next: Some(next) }) => self.deliver(chat, next),
+                    Ok(_) => {}
+                    Err(e) => {
+                        log::warn!(target: "botmesh::replica", "release of unclaimed grant failed: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    fn grant_to(self: &Arc<Self>, w: Waiter, grant: Grant, queued: bool) {
+        let waited = w.since.elapsed();
+        let state = Arc::new(TurnState {
+            chat: w.chat,
+            ticket: grant.ticket,
+            token: grant.token,
+            previous: grant.previous,
+            message_id: w.message_id,
+            waited,
+            lost: Default::default(),
+        });
+        self.held.lock().insert(state.ticket.seq, state.clone());
+        inc(&self.metrics.granted);
+        inc(&self.metrics.held);
+        if queued {
+            inc(&self.metrics.waited);
+        }
+        self.metrics.record_wait(waited);
+        let turn = Turn {
+            state,
+            replica: self.clone(),
+            done: false,
+        };
+        if turn.is_handover() {
+            inc(&self.metrics.handovers);
+        }
+        (w.on_grant)(Ok(turn));
+    }
+
+    pub(crate) fn release(
+        self: &Arc<Self>,
+        state: &TurnState,
+        handled: Option<&str>,
+    ) -> Result<(), CoordinationUnavailableError> {
+        let lost_err = || {
+            CoordinationUnavailableError::new(Reason::Lost, &state.chat, state.message_id.as_deref())
+        };
+        if self.held.lock().remove(&state.ticket.seq).is_some() {
+            dec(&self.metrics.held);
+        }
+        if self.is_aborted() {
+            // A crashed replica releases nothing; its lease expires.
+            return Err(lost_err());
+        }
+        if state.lost.load(Ordering::Acquire) {
+            return Err(lost_err());
+        }
+        match self.coordinator.release(&state.lease(), handled) {
+            Ok(Released::Released { next }) => {
+                if let Some(grant) = next {
+                    self.deliver(&state.chat, grant);
+                }
+                Ok(())
+            }
+            Ok(Released::Lost) => {
+                state.lost.store(true, Ordering::Release);
+                inc(&self.metrics.lost);
+                Err(lost_err())
+            }
+            Err(e) => {
+                inc(&self.metrics.backend_errors);
+                Err(
+                    CoordinationUnavailableError::new(Reason::Backend, &state.chat, state.message_id.as_deref())
+                        .with_source(e),
+                )
+            }
+        }
+    }
+
+    /// Tickets that have waited at least `min_age`, for the safety re-check.
+    pub(crate) fn waiting_older_than(&self, min_age: Duration) -> Vec<(Arc<str>, u64)> {
+        let now = Instant::now();
+        self.waiting
+            .lock()
+            .iter()
+            .filter(|(_, w)| now.duration_since(w.since) >= min_age)
+            .map(|(seq, w)| (w.chat.clone(), *seq))
+            .collect()
+    }
+
+    /// The safety re-check: asks the coordinator about tickets that may have missed
+    /// their wake-up.
+    pub(crate) fn recheck(self: &Arc<Self>, min_age: Duration) {
+        let stale = self.waiting_older_than(min_age);
+        if stale.is_empty() {
+            return;
+        }
+        let tickets: Vec<Ticket> = stale.iter().map(|(_, s)| self.ticket(*s)).collect();
+        let list: Vec<Waiting<'_>> = stale
+            .iter()
+            .zip(&tickets)
+            .map(|((chat, _), ticket)| Waiting { chat, ticket })
+            .collect();
+        match self.coordinator.poll(&list) {
+            Ok(found) => {
+                for ((chat, _), grant) in stale.iter().zip(found) {
+                    if let Some(grant) = grant {
+                        self.deliver(chat, grant);
+                    }
+                }
+            }
+            Err(e) => {
+                inc(&self.metrics.backend_errors);
+                log::warn!(target: "botmesh::replica", "re-check failed: {e}");
+            }
+        }
+    }
+
+    fn timer_loop(self: &Arc<Self>) {
+        loop {
+            let due = {
+                let mut heap = self.deadlines.lock();
+                loop {
+                    if *self.stop.lock() {
+                        return;
+                    }
+                    let now = Instant::now();
+                    match heap.peek() {
+                        Some(Reverse((at, _))) if *at <= now => break,
+                        Some(Reverse((at, _))) => {
+                            let at = *at;
+                            self.deadlines_cv.wait_until(&mut heap, at);
+                        }
+                        None => {
+                            self.deadlines_cv.wait(&mut heap);
+                        }
+                    }
+                }
+                let now = Instant::now();
+                let mut due = Vec::new();
+                while let Some(Reverse((at, seq))) = heap.peek().copied() {
+                    if at > now {
+                        break;
+                    }
+                    heap.pop();
+                    due.push(seq);
+                }
+                due
+            };
+            for seq in due {
+                self.expire(seq);
+            }
+        }
+    }
+
+    /// A waiter's deadline passed: take its ticket out of the queue, unless it was
+    /// granted meanwhile.
+    fn expire(self: &Arc<Self>, seq: u64) {
+        let Some(w) = self.take_waiter(seq) else {
+            return; // already granted
+        };
+        let ticket = self.ticket(seq);
+        let waiting = Waiting {
+            chat: &w.chat,
+            ticket: &ticket,
+        };
+        match self.coordinator.cancel(&waiting) {
+            Ok(Some(grant)) => self.grant_to(w, grant, true),
+            Ok(None) => {
+                inc(&self.metrics.timed_out);
+                let err = CoordinationUnavailableError::new(Reason::Timeout, &w.chat, w.message_id.as_deref());
+                log::warn!(target: "botmesh::replica", "{err}");
+                (w.on_grant)(Err(err));
+            }
+            Err(e) => {
+                inc(&self.metrics.backend_errors);
+                let err = CoordinationUnavailableError::new(Reason::Backend, &w.chat, w.message_id.as_deref())
+                    .with_source(e);
+                log::warn!(target: "botmesh::replica", "{err}");
+                (w.on_grant)(Err(err));
+            }
+        }
+    }
+}

@@ -1,0 +1,655 @@
+//! The bot runtime: intake, the local turn table that schedules workers, and hooks.
+//!
+//! A message goes through three stages:
+//!
+//! 1. **Intake** ([`Intake::deliver`], called by a provider or a webhook handler): the
+//!    message gets a ticket in its chat's queue at the coordinator. The call returns
+//!    when the ticket is placed, so the message's place in its chat's order is fixed
+//!    before the platform is told "accepted".
+//! 2. **Waiting**: the ticket waits for its grant without holding any thread; the
+//!    grant (pushed by a release, or found by the re-check) moves the message to the
+//!    ready queue.
+//! 3. **Running**: one of the W workers, all blocked on one condition variable, takes
+//!    the next ready message, runs the handler under the turn, and releases the turn,
+//!    which hands the chat to its next waiter.
+//!
+//! Every accepted message ends exactly once, as an [`Outcome`]: handled, failed,
+//! dropped (reported through the error hook and the log), or a duplicate.
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::config::{CoordinationConfig, CoordinatorConfig};
+use crate::coordinator::{BackendError, Coordinator};
+use crate::error::{CoordinationUnavailableError, Error, HandlerError, Reason};
+use crate::memory::MemoryCoordinator;
+use crate::message::{Message, Outcome};
+use crate::metrics::{Metrics, MetricsSnapshot, inc};
+use crate::provider::{Provider, ProviderError};
+use crate::replica::{Accepted, Inner, OnGrant, Replica};
+use crate::turn::Turn;
+
+/// The message handler: runs once per message, under the chat's turn, on a worker.
+pub type Handler = Arc<dyn Fn(&Context<'_>) -> Result<(), HandlerError> + Send + Sync>;
+/// Called once for every error the bot reports (dropped messages, failed handlers).
+pub type ErrorHook = Arc<dyn Fn(&Error) + Send + Sync>;
+/// Called once for every accepted message when it ends, with how it ended.
+pub type OutcomeHook = Arc<dyn Fn(&Message, &Outcome) + Send + Sync>;
+
+/// The default number of worker threads per replica.
+pub const DEFAULT_WORKERS: usize = 4;
+
+/// What a handler sees: the message, its turn, and a way to reply.
+pub struct Context<'a> {
+    message: &'a Message,
+    turn: &'a Turn,
+    provider: Option<&'a Arc<dyn Provider>>,
+}
+
+impl std::fmt::Debug for Context<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("message", self.message)
+            .field("turn", self.turn)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context<'_> {
+    /// The message being handled.
+    pub fn message(&self) -> &Message {
+        self.message
+    }
+
+    /// The turn the message runs under (fencing token, lost flag, previous holder).
+    pub fn turn(&self) -> &Turn {
+        self.turn
+    }
+
+    /// Sends `text` to the message's chat through the bot's first provider.
+    ///
+    /// # Errors
+    /// [`ProviderError`] when the bot has no provider, when the turn's lease was lost
+    /// (a deposed holder must not speak for the chat), or when the transport fails.
+    pub fn reply(&self, text: &str) -> Result<(), ProviderError> {
+        if self.turn.is_lost() {
+            return Err(ProviderError(format!(
+                "send refused: the turn on chat {:?} was lost",
+                self.message.chat
+            )));
+        }
+        match self.provider {
+            Some(p) => p.send(&self.message.chat, text),
+            None => Err(ProviderError("the bot has no provider to send with".into())),
+        }
+    }
+}
+
+/// Why a bot could not start.
+#[derive(Debug)]
+pub enum StartError {
+    /// The configuration was refused; the text names the field and the value.
+    Config(String),
+    /// The coordinator could not be reached.
+    Backend(BackendError),
+    /// A provider failed to start.
+    Provider(ProviderError),
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Config(m) => write!(f, "invalid bot configuration: {m}"),
+            StartError::Backend(e) => write!(f, "coordinator unavailable: {e}"),
+            StartError::Provider(e) => write!(f, "provider failed to start: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// Builds a [`Bot`].
+///
+/// ```
+/// use std::sync::Arc;
+/// use botmesh::{Bot, CoordinationConfig, CoordinatorConfig, MemoryCoordinator, Message};
+///
+/// let shared = Arc::new(MemoryCoordinator::new());
+/// let config = CoordinationConfig::new(CoordinatorConfig::Shared(shared));
+/// let bot = Bot::builder()
+///     .id("replica-1")
+///     .workers(2)
+///     .coordination(config)
+///     .handler(|ctx| {
+///         println!("{}: {}", ctx.message().chat, ctx.message().text);
+///         Ok(())
+///     })
+///     .build()
+///     .unwrap();
+/// bot.intake().deliver(Message::new("chat-1", "hi").with_id("1")).unwrap();
+/// bot.shutdown(); // waits for the message to end
+/// ```
+#[must_use]
+pub struct BotBuilder {
+    id: Option<String>,
+    workers: usize,
+    coordination: Option<CoordinationConfig>,
+    handler: Option<Handler>,
+    on_error: Option<ErrorHook>,
+    on_outcome: Option<OutcomeHook>,
+    providers: Vec<Arc<dyn Provider>>,
+}
+
+impl std::fmt::Debug for BotBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BotBuilder")
+            .field("id", &self.id)
+            .field("workers", &self.workers)
+            .field("coordinated", &self.coordination.is_some())
+            .field("providers", &self.providers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl BotBuilder {
+    /// This replica's id, unique among the replicas sharing the coordinator. Default:
+    /// `replica-<pid>-<n>`.
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// The number of worker threads (W). Default 4; 0 is refused by `build`.
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.workers = workers;
+        self
+    }
+
+    /// Runs this bot as one of N replicas. Without it: one process, no coordination
+    /// work (no renewal thread, no backend); a chat's messages still run one at a time
+    /// and in order.
+    pub fn coordination(mut self, config: CoordinationConfig) -> Self {
+        self.coordination = Some(config);
+        self
+    }
+
+    /// The message handler (required).
+    pub fn handler<F>(mut self, handler: F) -> Self
+    where
+        F: Fn(&Context<'_>) -> Result<(), HandlerError> + Send + Sync + 'static,
+    {
+        self.handler = Some(Arc::new(handler));
+        self
+    }
+
+    /// The error hook: every dropped message and failed handler, once.
+    pub fn on_error<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(&Error) + Send + Sync + 'static,
+    {
+        self.on_error = Some(Arc::new(hook));
+        self
+    }
+
+    /// The outcome hook: every accepted message, once, when it ends.
+    pub fn on_outcome<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(&Message, &Outcome) + Send + Sync + 'static,
+    {
+        self.on_outcome = Some(Arc::new(hook));
+        self
+    }
+
+    /// Adds a provider; it is started by `build` and stopped by `shutdown`.
+    pub fn provider(mut self, provider: Arc<dyn Provider>) -> Self {
+        self.providers.push(provider);
+        self
+    }
+
+    /// Validates the settings, attaches to the coordinator, starts the threads and
+    /// the providers.
+    ///
+    /// # Errors
+    /// [`StartError::Config`] for a missing handler, zero workers or an invalid
+    /// coordination config; [`StartError::Backend`] when the coordinator cannot be
+    /// reached; [`StartError::Provider`] when a provider fails to start (the bot is
+    /// stopped again then).
+    pub fn build(self) -> Result<Bot, StartError> {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let handler = self
+            .handler
+            .ok_or_else(|| StartError::Config("handler: missing; set one with .handler(…)".into()))?;
+        if self.workers == 0 {
+            return Err(StartError::Config(
+                "workers: 0 is not allowed; use at least 1".into(),
+            ));
+        }
+        let id = self.id.unwrap_or_else(|| {
+            format!(
+                "replica-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            )
+        });
+        if id.is_empty() {
+            return Err(StartError::Config("id: \"\" is empty; give the replica a name".into()));
+        }
+        let metrics = Arc::new(Metrics::default());
+        let (replica, turn_wait) = match &self.coordination {
+            Some(config) => {
+                config
+                    .validate()
+                    .map_err(|e| StartError::Config(e.to_string()))?;
+                let coordinator: Arc<dyn Coordinator> = match &config.coordinator {
+                    CoordinatorConfig::Memory(o) => {
+                        Arc::new(MemoryCoordinator::with_settings(o.lease_ttl, o.dedup_window))
+                    }
+                    CoordinatorConfig::Shared(c) => c.clone(),
+                };
+                let replica = Replica::start_with(id, coordinator, metrics.clone(), true)
+                    .map_err(StartError::Backend)?;
+                (replica, config.turn_wait)
+            }
+            None => {
+                let local = Arc::new(MemoryCoordinator::local());
+                let replica = Replica::start_with(id, local, metrics.clone(), false)
+                    .map_err(StartError::Backend)?;
+                (replica, Duration::MAX)
+            }
+        };
+        let shared = Arc::new(Shared {
+            replica: replica.inner.clone(),
+            turn_wait,
+            handler,
+            on_error: self.on_error,
+            on_outcome: self.on_outcome,
+            provider: self.providers.first().cloned(),
+            metrics,
+            sched: Mutex::new(Sched::default()),
+            work_cv: Condvar::new(),
+            idle_cv: Condvar::new(),
+        });
+        let mut workers = Vec::with_capacity(self.workers);
+        for i in 0..self.workers {
+            let s = shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("botmesh-worker-{}-{i}", shared.replica.id))
+                .spawn(move || s.worker_loop());
+            match spawned {
+                Ok(t) => workers.push(t),
+                Err(e) => {
+                    let mut bot = Bot::assemble(shared, workers, replica, Vec::new());
+                    bot.stop_workers();
+                    return Err(StartError::Backend(BackendError::new(format!(
+                        "cannot spawn a worker thread: {e}"
+                    ))));
+                }
+            }
+        }
+        let mut bot = Bot::assemble(shared, workers, replica, Vec::new());
+        for p in self.providers {
+            if let Err(e) = p.start(bot.intake()) {
+                bot.stop_providers();
+                bot.stop_workers();
+                return Err(StartError::Provider(e));
+            }
+            bot.providers.push(p);
+        }
+        Ok(bot)
+    }
+}
+
+/// One replica of a bot: W worker threads running a handler per message under the
+/// chat's turn.
+///
+/// Build it with [`Bot::builder`]; feed it through [`Bot::intake`] (or providers);
+/// stop it with [`Bot::shutdown`]. See the [`BotBuilder`] example.
+pub struct Bot {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    replica: Option<Replica>,
+    providers: Vec<Arc<dyn Provider>>,
+}
+
+impl std::fmt::Debug for Bot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bot")
+            .field("id", &self.shared.replica.id)
+            .field("workers", &self.workers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A cloneable handle that takes messages into a bot (what a webhook or provider
+/// calls).
+#[derive(Clone)]
+pub struct Intake {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Intake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Intake")
+            .field("replica", &self.shared.replica.id)
+            .finish()
+    }
+}
+
+impl Intake {
+    /// Takes a message in. Returns once the message holds its place in its chat's
+    /// queue (so a webhook may answer 200 then); the handler runs later on a worker,
+    /// and the outcome hook hears how it ended.
+    ///
+    /// # Errors
+    /// [`CoordinationUnavailableError`] with reason `backend` when the coordinator
+    /// cannot be reached, `shutting_down` when the bot is stopping. The message was not
+    /// taken in then: the caller should answer the platform with an error so it retries.
+    pub fn deliver(&self, message: Message) -> Result<Accepted, CoordinationUnavailableError> {
+        self.shared.deliver(message)
+    }
+
+    /// The id of the replica this intake feeds.
+    pub fn replica(&self) -> &str {
+        &self.shared.replica.id
+    }
+}
+
+impl Bot {
+    /// A builder with defaults: 4 workers, no coordination, no hooks.
+    pub fn builder() -> BotBuilder {
+        BotBuilder {
+            id: None,
+            workers: DEFAULT_WORKERS,
+            coordination: None,
+            handler: None,
+            on_error: None,
+            on_outcome: None,
+            providers: Vec::new(),
+        }
+    }
+
+    fn assemble(
+        shared: Arc<Shared>,
+        workers: Vec<JoinHandle<()>>,
+        replica: Replica,
+        providers: Vec<Arc<dyn Provider>>,
+    ) -> Bot {
+        Bot {
+            shared,
+            workers,
+            replica: Some(replica),
+            providers,
+        }
+    }
+
+    /// The handle that takes messages in.
+    pub fn intake(&self) -> Intake {
+        Intake {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// This replica's id.
+    pub fn id(&self) -> &str {
+        &self.shared.replica.id
+    }
+
+    /// A snapshot of this replica's counters and gauges.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.shared.metrics.snapshot()
+    }
+
+    /// Messages taken in that have not ended yet (waiting, ready or running).
+    pub fn in_flight(&self) -> usize {
+        self.shared.sched.lock().in_flight
+    }
+
+    /// A clean stop: providers stop, intake refuses new messages, every message taken
+    /// in runs to its end (each still bounded by `turn_wait`), then the workers stop
+    /// and every turn is released at the coordinator.
+    pub fn shutdown(mut self) {
+        self.drain(None);
+    }
+
+    /// Like [`Bot::shutdown`], but messages still waiting for their turn after
+    /// `grace` are reported `shutting_down` instead of being waited for.
+    pub fn shutdown_within(mut self, grace: Duration) {
+        self.drain(Some(grace));
+    }
+
+    /// A simulated crash: the workers and the renewal thread stop, nothing is
+    /// released or reported, and messages not yet ended are lost with the replica
+    /// (their turns expire after the TTL). For tests of replica failure.
+    pub fn abort(mut self) {
+        self.stop_providers();
+        if let Some(r) = self.replica.take() {
+            r.abort();
+        }
+        self.shared.sched.lock().ready.clear();
+        self.stop_workers();
+    }
+
+    fn drain(&mut self, grace: Option<Duration>) {
+        self.stop_providers();
+        let deadline = grace.and_then(|g| Instant::now().checked_add(g));
+        {
+            let mut s = self.shared.sched.lock();
+            s.closed = true;
+            while s.in_flight > 0 {
+                match deadline {
+                    Some(d) => {
+                        if self.shared.idle_cv.wait_until(&mut s, d).timed_out() {
+                            break;
+                        }
+                    }
+                    None => self.shared.idle_cv.wait(&mut s),
+                }
+            }
+        }
+        // Waiters still queued are reported `shutting_down` by the replica's stop, and
+        // their callbacks end them here; ready messages still run on the workers.
+        if let Some(r) = self.replica.take() {
+            r.shutdown();
+        }
+        {
+            let mut s = self.shared.sched.lock();
+            while s.in_flight > 0 {
+                self.shared.idle_cv.wait(&mut s);
+            }
+        }
+        self.stop_workers();
+    }
+
+    fn stop_providers(&mut self) {
+        for p in self.providers.drain(..) {
+            p.stop();
+        }
+    }
+
+    fn stop_workers(&mut self) {
+        self.shared.sched.lock().stopping = true;
+        self.shared.work_cv.notify_all();
+        for w in self.workers.drain(..) {
+            if w.join().is_err() {
+                log::error!(target: "botmesh::runtime", "a worker thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Bot {
+    fn drop(&mut self) {
+        if self.replica.is_some() {
+            self.drain(None);
+        }
+    }
+}
+
+#[derive(Default)]
+struct Sched {
+    ready: VecDeque<(Arc<Message>, Turn)>,
+    in_flight: usize,
+    closed: bool,
+    stopping: bool,
+}
+
+struct Shared {
+    replica: Arc<Inner>,
+    turn_wait: Duration,
+    handler: Handler,
+    on_error: Option<ErrorHook>,
+    on_outcome: Option<OutcomeHook>,
+    provider: Option<Arc<dyn Provider>>,
+    metrics: Arc<Metrics>,
+    sched: Mutex<Sched>,
+    work_cv: Condvar,
+    idle_cv: Condvar,
+}
+
+impl Shared {
+    fn deliver(self: &Arc<Self>, message: Message) -> Result<Accepted, CoordinationUnavailableError> {
+        {
+            let mut s = self.sched.lock();
+            if s.closed {
+                inc(&self.metrics.shutting_down);
+                return Err(CoordinationUnavailableError::new(
+                    Reason::ShuttingDown,
+                    &message.chat,
+                    message.id.as_deref(),
+                ));
+            }
+            s.in_flight += 1;
+        }
+        let message = Arc::new(message);
+        let me = self.clone();
+        let m = message.clone();
+        let on_grant: OnGrant = Box::new(move |result| match result {
+            Ok(turn) => {
+                let mut s = me.sched.lock();
+                s.ready.push_back((m, turn));
+                drop(s);
+                me.work_cv.notify_one();
+            }
+            Err(e) => me.end(&m, Outcome::Dropped(e)),
+        });
+        let result = self.replica.enqueue(
+            &message.chat,
+            message.id.as_deref(),
+            self.turn_wait,
+            on_grant,
+        );
+        match &result {
+            Ok(Accepted::Queued) => {}
+            Ok(Accepted::Duplicate) => self.end(&message, Outcome::Duplicate),
+            Err(_) => self.finish(),
+        }
+        result
+    }
+
+    fn worker_loop(self: Arc<Self>) {
+        loop {
+            let (message, turn) = {
+                let mut s = self.sched.lock();
+                loop {
+                    if let Some(job) = s.ready.pop_front() {
+                        break job;
+                    }
+                    if s.stopping {
+                        return;
+                    }
+                    self.work_cv.wait(&mut s);
+                }
+            };
+            self.run(&message, turn);
+        }
+    }
+
+    fn run(&self, message: &Message, turn: Turn) {
+        if turn.is_lost() {
+            let e = CoordinationUnavailableError::new(Reason::Lost, &message.chat, message.id.as_deref());
+            drop(turn);
+            return self.end(message, Outcome::Dropped(e));
+        }
+        let ctx = Context {
+            message,
+            turn: &turn,
+            provider: self.provider.as_ref(),
+        };
+        let result = catch_unwind(AssertUnwindSafe(|| (self.handler)(&ctx)));
+        let failure = match result {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(panic) => Some(panic_text(&panic)),
+        };
+        let token = turn.fencing_token();
+        let waited = turn.waited();
+        if self.replica.is_aborted() {
+            // A crashed replica reports nothing; the turn is not released.
+            drop(turn);
+            return self.finish();
+        }
+        let released = turn.release_handled();
+        let outcome = match (released, failure) {
+            (Err(e), _) => Outcome::Dropped(e),
+            (Ok(()), Some(text)) => Outcome::Failed(text),
+            (Ok(()), None) => Outcome::Handled { token, waited },
+        };
+        self.end(message, outcome);
+    }
+
+    /// Reports how a message ended, once, and counts it out of the in-flight total.
+    fn end(&self, message: &Message, outcome: Outcome) {
+        match &outcome {
+            Outcome::Handled { .. } => inc(&self.metrics.handled),
+            Outcome::Failed(text) => {
+                inc(&self.metrics.failed);
+                let e = Error::Handler {
+                    chat: message.chat.clone(),
+                    message_id: message.id.clone(),
+                    message: text.clone(),
+                };
+                log::error!(target: "botmesh::runtime", "{e}");
+                if let Some(hook) = &self.on_error {
+                    hook(&e);
+                }
+            }
+            Outcome::Dropped(e) => {
+                log::warn!(target: "botmesh::runtime", "{e}");
+                if let Some(hook) = &self.on_error {
+                    hook(&Error::Coordination(e.clone()));
+                }
+            }
+            Outcome::Duplicate => {
+                log::debug!(target: "botmesh::runtime", "duplicate message {:?} of chat {:?} skipped", message.id, message.chat);
+            }
+        }
+        if let Some(hook) = &self.on_outcome {
+            hook(message, &outcome);
+        }
+        self.finish();
+    }
+
+    fn finish(&self) {
+        let mut s = self.sched.lock();
+        s.in_flight -= 1;
+        if s.in_flight == 0 {
+            self.idle_cv.notify_all();
+        }
+    }
+}
+
+fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        format!("handler panicked: {s}")
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        format!("handler panicked: {s}")
+    } else {
+        "handler panicked".to_owned()
+    }
+}
