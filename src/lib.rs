@@ -66,7 +66,10 @@ pub mod replica;
 pub mod runtime;
 pub mod turn;
 
-pub use config::{CoordinationConfig, CoordinatorConfig};
+pub use config::{
+    ConfigError, CoordinationConfig, CoordinatorConfig, FallbackPolicy, FlowsPolicy, HandoverConfig,
+    MemoryOptions, ProviderSession,
+};
 pub use coordinator::{Coordinator, Grant, Previous, ReplicaId, Ticket, Token};
 pub use error::{CoordinationUnavailableError, Error, HandlerError, Reason};
 pub use memory::MemoryCoordinator;

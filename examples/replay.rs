@@ -1,0 +1,656 @@
+//! # replay: real chat traffic through N replicas
+//!
+//! The main job of botmesh, end to end. This example plays the messaging platform in
+//! front of a bot that runs as several replicas, feeds it real conversations, and
+//! checks the guarantees botmesh gives for each chat:
+//!
+//! - **one at a time**: no two handlers of one chat overlap, whichever replicas they
+//!   run on;
+//! - **in order**: a chat's handlers start in `message_id` order;
+//! - **fenced**: a chat's fencing tokens never go backwards, and rise whenever the chat
+//!   moves to another replica.
+//!
+//! ```text
+//! cargo run --release --example replay                      # the bundled slice
+//! cargo run --release --example replay -- --updates ../shared/data/chitchat/updates.jsonl
+//! cargo run --release --example replay -- --handler-ms 2 --handler-jitter-ms 1
+//! cargo run --release --example replay -- --speed 1000 --log replay.jsonl --json
+//! cargo run --release --example replay -- --help
+//! ```
+//!
+//! ## What happens
+//!
+//! The input is Telegram Bot API `Update` JSON lines, by default
+//! `examples/data/chitchat-slice.jsonl` (300 real conversations, 5,318 messages; see
+//! `examples/data/README.md`). Lines that hold no text message are skipped and counted.
+//!
+//! `--replicas` bots (default 4, each with `--workers` threads, default 4) share one
+//! [`MemoryCoordinator`], as replicas in separate processes would share Redis. The
+//! platform works like Telegram's webhooks behind a load balancer: each update goes to
+//! a replica chosen at random (seeded by `--seed`), and a chat's next update is sent
+//! only once a replica accepted the previous one ([`Intake::deliver`] returned), while
+//! other chats go on in parallel on several sender threads (each owns a share of the
+//! chats and walks them in file order). With `--speed X` every update is sent at its
+//! original time, X times faster; without it, as fast as the replicas take them.
+//!
+//! The handler checks the three guarantees above as it starts, then sleeps for
+//! `--handler-ms` ± `--handler-jitter-ms` (a fixed amount per update, from the seed) to
+//! stand in for real work. The platform waits until every update has ended, as the
+//! bots' outcome hooks report it: handled, dropped (with a reason), or a duplicate.
+//!
+//! ## Output
+//!
+//! A progress line on stderr about once a second; a summary at the end (handled,
+//! dropped by reason, duplicates, violations, wall time, messages/s, and the wait for
+//! the turn at p50 and p99 from the exact per-message waits). With `--json` the last
+//! line on stdout is one JSON record in the shape of the project's benchmark records
+//! (`"workload": "replay"`). With `--log PATH` every update that ends adds one JSON
+//! line to PATH, written by one thread so the workers never wait on the disk:
+//!
+//! ```text
+//! {"event":"handled","update_id":8,"chat":"-1003219","message_id":3,"replica":"r2","fence":9,"start_us":…,"end_us":…}
+//! {"event":"dropped","update_id":9,"chat":"-1003219","reason":"timeout"}
+//! {"event":"duplicate","update_id":10}
+//! ```
+//!
+//! `start_us` and `end_us` are the handler's start and end in µs since the Unix epoch
+//! (the system clock). The exit status is 0 for a clean run, 1 when an update was
+//! dropped or a check failed, and 2 when the command line or the input was refused.
+
+#![forbid(unsafe_code)]
+#![deny(clippy::unwrap_used)]
+
+#[path = "replay/args.rs"]
+mod args;
+#[path = "replay/data.rs"]
+mod data;
+#[path = "replay/report.rs"]
+mod report;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use botmesh::{
+    Bot, CoordinationConfig, CoordinatorConfig, HandlerError, Intake, MemoryCoordinator, Message,
+    Outcome,
+};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use args::{Command, Options};
+use data::Trace;
+use report::{Ending, LogMsg, LogWriter, REASONS, Summary};
+
+fn main() -> ExitCode {
+    let options = match args::parse(std::env::args_os()) {
+        Ok(Command::Run(options)) => options,
+        Ok(Command::Help) => {
+            let _ = writeln!(std::io::stdout(), "{}", args::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("replay: {e}");
+            eprintln!("replay: run with --help to see the options");
+            return ExitCode::from(2);
+        }
+    };
+    match replay(&options) {
+        Ok(summary) => {
+            let record = if options.json {
+                match summary.json() {
+                    Ok(line) => Some(line),
+                    Err(e) => {
+                        eprintln!("replay: cannot write the JSON record: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            } else {
+                None
+            };
+            // A closed stdout (`| head`) is not worth a panic; the exit status still
+            // tells whether the run was clean.
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{}", summary.human());
+            if let Some(line) = record {
+                let _ = writeln!(out, "{line}");
+            }
+            let _ = out.flush();
+            if summary.is_clean() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("replay: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The payload each message carries to the handler and the outcome hook: its index in
+/// the trace.
+#[derive(Clone, Copy, Debug)]
+struct UpdateIndex(usize);
+
+fn update_index(message: &Message) -> Option<usize> {
+    message.payload::<UpdateIndex>().map(|u| u.0)
+}
+
+/// What the handlers of one chat leave for the next one to check.
+#[derive(Default)]
+struct ChatState {
+    /// Set while a handler of this chat runs: finding it set at start is an overlap.
+    busy: AtomicBool,
+    seen: Mutex<Seen>,
+}
+
+#[derive(Default)]
+struct Seen {
+    /// The `message_id` of the chat's latest handler to start.
+    message_id: Option<i64>,
+    /// The fencing token and replica of the chat's latest handler to start.
+    fence: Option<(u64, usize)>,
+}
+
+/// What one update's handler and outcome hook record.
+struct Slot {
+    start_us: AtomicU64,
+    end_us: AtomicU64,
+    /// `turn.waited()` in ns; `u64::MAX` until a handler started.
+    waited_ns: AtomicU64,
+    ends: AtomicUsize,
+}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot {
+            start_us: AtomicU64::new(0),
+            end_us: AtomicU64::new(0),
+            waited_ns: AtomicU64::new(u64::MAX),
+            ends: AtomicUsize::new(0),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    handled: AtomicU64,
+    dropped: [AtomicU64; 4],
+    duplicates: AtomicU64,
+    failed: AtomicU64,
+    order: AtomicU64,
+    overlap: AtomicU64,
+    fence: AtomicU64,
+    ended_twice: AtomicU64,
+    /// Updates that ended, however.
+    ended: AtomicUsize,
+    /// Updates handed to a replica (deliver returned).
+    sent: AtomicUsize,
+    /// Sender threads sleeping until an update's original time (`--speed`).
+    pacing: AtomicUsize,
+}
+
+/// Everything the handlers, the hooks and the platform share.
+struct Run {
+    trace: Arc<Trace>,
+    /// Simulated work per update; empty when there is none.
+    work: Vec<Duration>,
+    chats: Vec<ChatState>,
+    slots: Vec<Slot>,
+    tally: Tally,
+    log: Option<Sender<LogMsg>>,
+    /// Told once, when the last update ended.
+    done: Sender<()>,
+}
+
+fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+fn add(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Run {
+    /// The handler of replica number `replica`: checks the chat's guarantees, then
+    /// simulates work.
+    fn handle(&self, ctx: &botmesh::Context<'_>, replica: usize) -> Result<(), HandlerError> {
+        let start_us = unix_us();
+        let index = update_index(ctx.message()).ok_or("the message carries no update index")?;
+        let (Some(entry), Some(slot)) = (self.trace.entries.get(index), self.slots.get(index))
+        else {
+            return Err(format!("update index {index} is out of range").into());
+        };
+        let chat = self
+            .chats
+            .get(entry.chat)
+            .ok_or("the update's chat index is out of range")?;
+        let turn = ctx.turn();
+        slot.start_us.store(start_us, Ordering::Relaxed);
+        let waited = u64::try_from(turn.waited().as_nanos()).unwrap_or(u64::MAX - 1);
+        slot.waited_ns.store(waited, Ordering::Relaxed);
+
+        if chat.busy.swap(true, Ordering::AcqRel) {
+            add(&self.tally.overlap);
+        }
+        {
+            let mut seen = chat.seen.lock();
+            if seen.message_id.is_some_and(|last| entry.message_id <= last) {
+                add(&self.tally.order);
+            }
+            seen.message_id = Some(entry.message_id);
+            let token = turn.fencing_token();
+            if let Some((last_token, last_replica)) = seen.fence {
+                let backwards = token < last_token;
+                let flat_across_replicas = token == last_token && replica != last_replica;
+                if backwards || flat_across_replicas {
+                    add(&self.tally.fence);
+                }
+            }
+            seen.fence = Some((token, replica));
+        }
+
+        if let Some(work) = self.work.get(index).filter(|w| !w.is_zero()) {
+            std::thread::sleep(*work);
+        }
+
+        slot.end_us.store(unix_us(), Ordering::Relaxed);
+        // Cleared before the handler returns, i.e. before the turn is released.
+        chat.busy.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// The outcome hook of replica number `replica`: counts and logs how an update
+    /// ended.
+    fn outcome(&self, message: &Message, outcome: &Outcome, replica: usize) {
+        let Some(index) = update_index(message) else {
+            return;
+        };
+        let ending = match outcome {
+            Outcome::Handled { token, .. } => {
+                add(&self.tally.handled);
+                let (start_us, end_us) = self.slots.get(index).map_or((0, 0), |s| {
+                    (
+                        s.start_us.load(Ordering::Relaxed),
+                        s.end_us.load(Ordering::Relaxed),
+                    )
+                });
+                Ending::Handled {
+                    replica,
+                    fence: *token,
+                    start_us,
+                    end_us,
+                }
+            }
+            Outcome::Dropped(e) => {
+                let reason = e.reason.as_str();
+                self.count_drop(reason);
+                Ending::Dropped(reason)
+            }
+            Outcome::Failed(text) => {
+                add(&self.tally.failed);
+                Ending::Failed(text.clone())
+            }
+            Outcome::Duplicate => {
+                add(&self.tally.duplicates);
+                Ending::Duplicate
+            }
+        };
+        self.ended(index, ending);
+    }
+
+    fn count_drop(&self, reason: &str) {
+        let i = REASONS
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(REASONS.len() - 1);
+        add(&self.tally.dropped[i]);
+    }
+
+    /// Records that update `index` ended; tells the platform when it was the last one.
+    fn ended(&self, index: usize, ending: Ending) {
+        if let Some(slot) = self.slots.get(index) {
+            if slot.ends.fetch_add(1, Ordering::Relaxed) > 0 {
+                add(&self.tally.ended_twice);
+            }
+        }
+        if let Some(log) = &self.log {
+            // Fails only once the log thread has finished, after every update ended.
+            let _ = log.send(LogMsg::Ended { index, ending });
+        }
+        let ended = self.tally.ended.fetch_add(1, Ordering::AcqRel) + 1;
+        if ended == self.trace.entries.len() {
+            let _ = self.done.try_send(());
+        }
+    }
+}
+
+/// The platform's choices, fixed before the run from the seed.
+struct Plan {
+    /// The replica each update goes to.
+    replica_of: Vec<usize>,
+    /// With `--speed`: when each update is due, from the start of the replay.
+    due: Option<Vec<Duration>>,
+}
+
+fn plan(trace: &Trace, o: &Options) -> Result<Plan, String> {
+    let mut rng = StdRng::seed_from_u64(o.seed);
+    let replica_of = trace
+        .entries
+        .iter()
+        .map(|_| rng.gen_range(0..o.replicas))
+        .collect();
+    let due = match o.speed {
+        None => None,
+        Some(speed) => {
+            let first = trace.entries.iter().map(|e| e.date).min().unwrap_or(0);
+            let last = trace.entries.iter().map(|e| e.date).max().unwrap_or(0);
+            let span = (last as f64 - first as f64) / speed;
+            // A bound that keeps `Instant + due` far from overflowing.
+            if span > 1e9 {
+                return Err(format!(
+                    "--speed: {speed} would stretch this replay to {span:.0} s; use a larger speed-up"
+                ));
+            }
+            Some(
+                trace
+                    .entries
+                    .iter()
+                    .map(|e| {
+                        let s = (e.date as f64 - first as f64) / speed;
+                        Duration::try_from_secs_f64(s.max(0.0)).unwrap_or_default()
+                    })
+                    .collect(),
+            )
+        }
+    };
+    Ok(Plan { replica_of, due })
+}
+
+/// Simulated handler work for one update: `ms` ± up to `jitter` ms, drawn from a
+/// generator seeded by the run's seed and the update's id (so an update gets the same
+/// work whatever else the input holds).
+fn work_of(update_id: i64, seed: u64, ms: f64, jitter: f64) -> Duration {
+    let mut us = ms * 1000.0;
+    if jitter > 0.0 {
+        let mixed = seed ^ (update_id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mut rng = StdRng::seed_from_u64(mixed);
+        us += rng.gen_range(-jitter * 1000.0..=jitter * 1000.0);
+    }
+    Duration::try_from_secs_f64(us.max(0.0) / 1e6).unwrap_or_default()
+}
+
+/// Spreads chats over the sender threads (a chat belongs to exactly one sender, which
+/// is what keeps its updates in order).
+fn sender_of(chat: usize, senders: usize) -> usize {
+    // splitmix64's finaliser: neighbouring chat indexes land on unrelated senders.
+    let mut z = (chat as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z % senders as u64) as usize
+}
+
+/// One platform thread: delivers its chats' updates in file order, each as soon as the
+/// previous one of the same chat was accepted (and, with `--speed`, not before its
+/// time).
+fn send_updates(run: &Run, plan: &Plan, intakes: &[Intake], owned: &[usize], start: Instant) {
+    for &index in owned {
+        let Some(entry) = run.trace.entries.get(index) else {
+            continue;
+        };
+        if let Some(at) = plan
+            .due
+            .as_ref()
+            .and_then(|due| due.get(index))
+            .and_then(|d| start.checked_add(*d))
+        {
+            let now = Instant::now();
+            if at > now {
+                run.tally.pacing.fetch_add(1, Ordering::AcqRel);
+                std::thread::sleep(at - now);
+                run.tally.pacing.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let chat = run.trace.chats.get(entry.chat).cloned().unwrap_or_default();
+        let message = Message::new(chat, entry.text.clone())
+            .with_id(entry.message_id.to_string())
+            .with_payload(UpdateIndex(index));
+        let replica = plan.replica_of.get(index).copied().unwrap_or(0);
+        let delivered = match intakes.get(replica) {
+            Some(intake) => intake.deliver(message).map_err(|e| e.reason.as_str()),
+            None => Err("backend"),
+        };
+        if let Err(reason) = delivered {
+            // Not taken in: no outcome will come for it, so the platform ends it.
+            run.count_drop(reason);
+            run.ended(index, Ending::Dropped(reason));
+        }
+        run.tally.sent.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// Waits until every update has ended, printing a progress line to stderr about once
+/// a second. Returns `false` if the run stalled instead: nothing was accepted or ended
+/// for `stall_limit` while no sender was waiting for an update's original time.
+fn watch(
+    run: &Run,
+    bots: &[Bot],
+    done: &Receiver<()>,
+    start: Instant,
+    stall_limit: Duration,
+) -> bool {
+    let expected = run.trace.entries.len();
+    let mut last_tick = (start, 0usize);
+    let mut last_change = (start, 0usize, 0usize);
+    loop {
+        match done.recv_timeout(Duration::from_secs(1)) {
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => return true,
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        let now = Instant::now();
+        let ended = run.tally.ended.load(Ordering::Acquire);
+        let sent = run.tally.sent.load(Ordering::Acquire);
+        let in_flight: usize = bots.iter().map(Bot::in_flight).sum();
+        let waiting: u64 = bots.iter().map(|b| b.metrics().tickets_waiting).sum();
+        let rate = ended.saturating_sub(last_tick.1) as f64
+            / now.duration_since(last_tick.0).as_secs_f64();
+        eprintln!(
+            "replay: {:7.1} s  {ended}/{expected} ended  {rate:8.0} msg/s  in flight {in_flight}  waiting {waiting}",
+            now.duration_since(start).as_secs_f64()
+        );
+        last_tick = (now, ended);
+        if (ended, sent) != (last_change.1, last_change.2)
+            || run.tally.pacing.load(Ordering::Acquire) > 0
+        {
+            last_change = (now, ended, sent);
+        } else if now.duration_since(last_change.0) > stall_limit {
+            return false;
+        }
+    }
+}
+
+/// The input path as shown in the summary: the bundled slice relative to the crate.
+fn shown_path(o: &Options) -> String {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    o.updates
+        .strip_prefix(manifest)
+        .unwrap_or(&o.updates)
+        .display()
+        .to_string()
+}
+
+fn replay(o: &Options) -> Result<Summary, String> {
+    let trace = Arc::new(data::load(&o.updates)?);
+    if trace.malformed > 0 {
+        eprintln!(
+            "replay: {} line(s) of {} are not Telegram updates and were skipped (the first is line {})",
+            trace.malformed,
+            o.updates.display(),
+            trace.first_malformed.unwrap_or(0)
+        );
+    }
+    let plan = Arc::new(plan(&trace, o)?);
+    let replica_names: Arc<[String]> = (1..=o.replicas).map(|i| format!("r{i}")).collect();
+    let log = match &o.log {
+        Some(path) => Some(LogWriter::start(
+            path,
+            trace.clone(),
+            replica_names.clone(),
+        )?),
+        None => None,
+    };
+    let work = if o.handler_ms > 0.0 || o.handler_jitter_ms > 0.0 {
+        trace
+            .entries
+            .iter()
+            .map(|e| work_of(e.update_id, o.seed, o.handler_ms, o.handler_jitter_ms))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+    let run = Arc::new(Run {
+        trace: trace.clone(),
+        work,
+        chats: trace.chats.iter().map(|_| ChatState::default()).collect(),
+        slots: trace.entries.iter().map(|_| Slot::new()).collect(),
+        tally: Tally::default(),
+        log: log.as_ref().map(LogWriter::sender),
+        done: done_tx,
+    });
+
+    // The replicas: one coordinator shared by all, as Redis would be across processes.
+    let coordinator = Arc::new(MemoryCoordinator::new());
+    let mut bots = Vec::with_capacity(o.replicas);
+    for (i, name) in replica_names.iter().enumerate() {
+        let config = CoordinationConfig::new(CoordinatorConfig::Shared(coordinator.clone()))
+            .with_turn_wait(o.turn_wait);
+        let (for_handler, for_outcome) = (run.clone(), run.clone());
+        let bot = Bot::builder()
+            .id(name.as_str())
+            .workers(o.workers)
+            .coordination(config)
+            .handler(move |ctx| for_handler.handle(ctx, i))
+            .on_outcome(move |message, outcome| for_outcome.outcome(message, outcome, i))
+            .build()
+            .map_err(|e| format!("cannot start replica {name}: {e}"))?;
+        bots.push(bot);
+    }
+    let intakes: Arc<[Intake]> = bots.iter().map(Bot::intake).collect();
+
+    // The platform: each sender thread owns the chats that hash to it.
+    let mut owned = vec![Vec::new(); o.senders];
+    for (index, entry) in trace.entries.iter().enumerate() {
+        owned[sender_of(entry.chat, o.senders)].push(index);
+    }
+    let start = Instant::now();
+    let mut senders: Vec<JoinHandle<()>> = Vec::with_capacity(o.senders);
+    for (n, mine) in owned.into_iter().enumerate() {
+        let (run, plan, intakes) = (run.clone(), plan.clone(), intakes.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("replay-platform-{n}"))
+            .spawn(move || send_updates(&run, &plan, &intakes, &mine, start))
+            .map_err(|e| format!("cannot start a platform thread: {e}"))?;
+        senders.push(spawned);
+    }
+
+    // Wait for every update to end, with a progress line about once a second.
+    let expected = trace.entries.len();
+    let longest_work = run.work.iter().max().copied().unwrap_or_default();
+    let stall_limit = o
+        .turn_wait
+        .saturating_add(longest_work)
+        .saturating_add(Duration::from_secs(30));
+    let stalled = expected > 0 && !watch(&run, &bots, &done_rx, start, stall_limit);
+    let wall = start.elapsed();
+
+    let handovers = bots.iter().map(|b| b.metrics().handovers).sum();
+    let mut notes = String::new();
+    if stalled {
+        let ended = run.tally.ended.load(Ordering::Acquire);
+        let sent = run.tally.sent.load(Ordering::Acquire);
+        notes = format!(
+            "stalled: no update ended or was accepted for {} s; {sent} of {expected} sent, {} accepted but not ended",
+            stall_limit.as_secs(),
+            sent.saturating_sub(ended)
+        );
+        // A stop would wait for the stuck updates forever; leave the replicas and the
+        // platform threads as they are, the process ends after the summary.
+        std::mem::forget(bots);
+        drop(senders);
+    } else {
+        for sender in senders {
+            if sender.join().is_err() {
+                notes = "a platform thread panicked".to_owned();
+            }
+        }
+        for bot in bots {
+            bot.shutdown();
+        }
+    }
+    if let Some(log) = log {
+        if let Err(e) = log.finish() {
+            if !notes.is_empty() {
+                notes.push_str("; ");
+            }
+            notes.push_str(&e);
+        }
+    }
+
+    let mut waits: Vec<u64> = run
+        .slots
+        .iter()
+        .map(|s| s.waited_ns.load(Ordering::Relaxed))
+        .filter(|w| *w != u64::MAX)
+        .collect();
+    waits.sort_unstable();
+    let us = |q: f64| report::percentile(&waits, q).map(|ns| ns as f64 / 1000.0);
+    let t = &run.tally;
+    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let ended = t.ended.load(Ordering::Acquire);
+    let wall_s = wall.as_secs_f64();
+    Ok(Summary {
+        updates_path: shown_path(o),
+        backend: o.backend.clone(),
+        replicas: o.replicas,
+        workers: o.workers,
+        senders: o.senders,
+        seed: o.seed,
+        handler_ms: o.handler_ms,
+        handler_jitter_ms: o.handler_jitter_ms,
+        speed: o.speed,
+        turn_wait_ms: o.turn_wait.as_millis(),
+        updates: expected,
+        chats: trace.chats.len(),
+        skipped_lines: trace.skipped + trace.malformed,
+        handled: load(&t.handled),
+        dropped: std::array::from_fn(|i| load(&t.dropped[i])),
+        duplicates: load(&t.duplicates),
+        failed: load(&t.failed),
+        order_violations: load(&t.order),
+        overlap_violations: load(&t.overlap),
+        token_violations: load(&t.fence),
+        ended_twice: load(&t.ended_twice),
+        handovers,
+        wall_s,
+        messages_per_s: if wall_s > 0.0 {
+            ended as f64 / wall_s
+        } else {
+            0.0
+        },
+        wait_p50_us: us(0.50),
+        wait_p99_us: us(0.99),
+        wait_max_us: us(1.0),
+        notes,
+    })
+}

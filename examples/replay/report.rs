@@ -1,0 +1,464 @@
+//! What the replay writes: the per-update log, the human summary and the JSON record.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender};
+use serde::Serialize;
+
+use crate::data::Trace;
+
+/// How one update ended, as sent to the log thread. The log thread looks the update's
+/// chat and message id up in the trace, so the workers send only a few numbers.
+#[derive(Debug)]
+pub enum Ending {
+    /// The handler ran under the chat's turn.
+    Handled {
+        /// Index of the replica that ran it.
+        replica: usize,
+        /// The turn's fencing token.
+        fence: u64,
+        /// Handler start, µs since the Unix epoch.
+        start_us: u64,
+        /// Handler end, µs since the Unix epoch.
+        end_us: u64,
+    },
+    /// Not handled; the reason as botmesh writes it (`timeout`, `lost`, …).
+    Dropped(&'static str),
+    /// A second delivery of a message id that was skipped.
+    Duplicate,
+    /// The handler returned an error or panicked.
+    Failed(String),
+}
+
+/// A message to the log thread.
+#[derive(Debug)]
+pub enum LogMsg {
+    /// Update number `index` (in trace order) ended.
+    Ended {
+        /// Index into the trace's entries.
+        index: usize,
+        /// How it ended.
+        ending: Ending,
+    },
+    /// Everything has ended: flush and stop.
+    Finish,
+}
+
+/// One line of the `--log` file, in the shape of issue 2, item 6.
+#[derive(Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+enum LogLine<'a> {
+    Handled {
+        update_id: i64,
+        chat: &'a str,
+        message_id: i64,
+        replica: &'a str,
+        fence: u64,
+        start_us: u64,
+        end_us: u64,
+    },
+    Dropped {
+        update_id: i64,
+        chat: &'a str,
+        reason: &'a str,
+    },
+    Duplicate {
+        update_id: i64,
+    },
+    Failed {
+        update_id: i64,
+        chat: &'a str,
+        error: &'a str,
+    },
+}
+
+/// The thread that owns the `--log` file.
+#[derive(Debug)]
+pub struct LogWriter {
+    tx: Sender<LogMsg>,
+    thread: JoinHandle<Result<u64, String>>,
+}
+
+impl LogWriter {
+    /// Creates (truncates) `path` and starts the thread that writes it.
+    ///
+    /// # Errors
+    /// A message naming the path when it cannot be created, or the thread not started.
+    pub fn start(
+        path: &Path,
+        trace: Arc<Trace>,
+        replicas: Arc<[String]>,
+    ) -> Result<LogWriter, String> {
+        let file = File::create(path)
+            .map_err(|e| format!("--log: cannot create {}: {e}", path.display()))?;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let shown = path.to_path_buf();
+        let thread = std::thread::Builder::new()
+            .name("replay-log".into())
+            .spawn(move || {
+                write_log(
+                    BufWriter::with_capacity(1 << 20, file),
+                    &rx,
+                    &trace,
+                    &replicas,
+                    &shown,
+                )
+            })
+            .map_err(|e| format!("cannot start the log thread: {e}"))?;
+        Ok(LogWriter { tx, thread })
+    }
+
+    /// A handle the hooks send endings through.
+    pub fn sender(&self) -> Sender<LogMsg> {
+        self.tx.clone()
+    }
+
+    /// Writes what is left, closes the file and returns how many lines it holds.
+    ///
+    /// # Errors
+    /// A message naming the file when a write failed.
+    pub fn finish(self) -> Result<u64, String> {
+        // The thread only stops on `Finish`, so it cannot have hung up before this.
+        let _ = self.tx.send(LogMsg::Finish);
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Err("the log thread panicked".into()))
+    }
+}
+
+fn write_log(
+    mut out: BufWriter<File>,
+    rx: &Receiver<LogMsg>,
+    trace: &Trace,
+    replicas: &[String],
+    path: &Path,
+) -> Result<u64, String> {
+    let mut lines = 0u64;
+    let mut failure: Option<String> = None;
+    for msg in rx {
+        let (index, ending) = match msg {
+            LogMsg::Finish => break,
+            LogMsg::Ended { index, ending } => (index, ending),
+        };
+        if failure.is_some() {
+            continue; // keep draining so the senders never notice
+        }
+        let Some(entry) = trace.entries.get(index) else {
+            continue;
+        };
+        let chat = trace.chats.get(entry.chat).map_or("", String::as_str);
+        let line = match &ending {
+            Ending::Handled {
+                replica,
+                fence,
+                start_us,
+                end_us,
+            } => LogLine::Handled {
+                update_id: entry.update_id,
+                chat,
+                message_id: entry.message_id,
+                replica: replicas.get(*replica).map_or("", String::as_str),
+                fence: *fence,
+                start_us: *start_us,
+                end_us: *end_us,
+            },
+            Ending::Dropped(reason) => LogLine::Dropped {
+                update_id: entry.update_id,
+                chat,
+                reason,
+            },
+            Ending::Duplicate => LogLine::Duplicate {
+                update_id: entry.update_id,
+            },
+            Ending::Failed(error) => LogLine::Failed {
+                update_id: entry.update_id,
+                chat,
+                error,
+            },
+        };
+        let written = serde_json::to_writer(&mut out, &line)
+            .map_err(std::io::Error::from)
+            .and_then(|()| out.write_all(b"\n"));
+        match written {
+            Ok(()) => lines += 1,
+            Err(e) => failure = Some(format!("--log: cannot write {}: {e}", path.display())),
+        }
+    }
+    if failure.is_none() {
+        if let Err(e) = out.flush() {
+            failure = Some(format!("--log: cannot write {}: {e}", path.display()));
+        }
+    }
+    match failure {
+        Some(f) => Err(f),
+        None => Ok(lines),
+    }
+}
+
+/// Drops by reason, in the order the JSON record lists them.
+pub const REASONS: [&str; 4] = ["timeout", "lost", "backend", "shutting_down"];
+
+/// Everything the summary and the JSON record say about one run.
+#[derive(Debug)]
+pub struct Summary {
+    /// The input as shown (relative to the crate for the bundled slice).
+    pub updates_path: String,
+    /// The backend's name.
+    pub backend: String,
+    /// Replicas.
+    pub replicas: usize,
+    /// Workers per replica.
+    pub workers: usize,
+    /// Platform sender threads.
+    pub senders: usize,
+    /// The seed.
+    pub seed: u64,
+    /// Simulated work per update, ms.
+    pub handler_ms: f64,
+    /// Work jitter, ms.
+    pub handler_jitter_ms: f64,
+    /// Speed-up of the original timing; `None`: as fast as possible.
+    pub speed: Option<f64>,
+    /// `turn_wait`, ms.
+    pub turn_wait_ms: u128,
+    /// Text messages replayed.
+    pub updates: usize,
+    /// Chats among them.
+    pub chats: usize,
+    /// Input lines skipped (no text message, or not an Update).
+    pub skipped_lines: usize,
+    /// Handled updates.
+    pub handled: u64,
+    /// Dropped updates, by [`REASONS`]; anything else counts as the last one.
+    pub dropped: [u64; 4],
+    /// Duplicates skipped.
+    pub duplicates: u64,
+    /// Handlers that failed.
+    pub failed: u64,
+    /// A chat's handler started before one with a lower `message_id`.
+    pub order_violations: u64,
+    /// Two handlers of one chat ran at the same time.
+    pub overlap_violations: u64,
+    /// A fencing token went backwards, or did not rise when the replica changed.
+    pub token_violations: u64,
+    /// An update ended more than once.
+    pub ended_twice: u64,
+    /// Grants whose previous holder was another replica (from the replicas' metrics).
+    pub handovers: u64,
+    /// From the first delivery to the last update's end, seconds.
+    pub wall_s: f64,
+    /// Updates that ended, per second of wall time.
+    pub messages_per_s: f64,
+    /// Wait for the turn, exact percentiles over handled updates, µs.
+    pub wait_p50_us: Option<f64>,
+    /// See `wait_p50_us`.
+    pub wait_p99_us: Option<f64>,
+    /// Longest wait for the turn, µs.
+    pub wait_max_us: Option<f64>,
+    /// Anything unusual about the run (a stall, a log write failure).
+    pub notes: String,
+}
+
+impl Summary {
+    /// Dropped updates, all reasons.
+    pub fn dropped_total(&self) -> u64 {
+        self.dropped.iter().sum()
+    }
+
+    /// All checks that failed.
+    pub fn violations(&self) -> u64 {
+        self.order_violations + self.overlap_violations + self.token_violations + self.ended_twice
+    }
+
+    /// Whether the run was clean: all handled, nothing dropped or failed, no violation.
+    pub fn is_clean(&self) -> bool {
+        self.dropped_total() == 0
+            && self.failed == 0
+            && self.violations() == 0
+            && self.notes.is_empty()
+    }
+
+    /// The human summary, several lines.
+    pub fn human(&self) -> String {
+        let speed = match self.speed {
+            Some(x) => format!("original timing ×{x}"),
+            None => "as fast as possible".to_owned(),
+        };
+        let us = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1} µs"));
+        let d = &self.dropped;
+        let mut s = format!(
+            "replay of {path}\n  \
+             setup        {r} replicas × {w} workers, {backend} backend, {senders} platform senders, seed {seed}, {speed}\n  \
+             handler      {hms} ms ± {jms} ms, turn_wait {tw} ms\n  \
+             updates      {u} text messages in {c} chats ({sk} lines skipped)\n  \
+             handled      {h}\n  \
+             dropped      {dt} (timeout {d0}, lost {d1}, backend {d2}, shutting_down {d3})\n  \
+             duplicates   {dup}\n  \
+             failed       {f}\n  \
+             violations   {v} (order {o}, overlap {ov}, fencing {t}, ended twice {e2})\n  \
+             handovers    {ho}\n  \
+             wall time    {wall:.3} s\n  \
+             throughput   {mps:.0} messages/s\n  \
+             turn wait    p50 {p50}, p99 {p99}, max {max}\n",
+            path = self.updates_path,
+            r = self.replicas,
+            w = self.workers,
+            backend = self.backend,
+            senders = self.senders,
+            seed = self.seed,
+            hms = self.handler_ms,
+            jms = self.handler_jitter_ms,
+            tw = self.turn_wait_ms,
+            u = self.updates,
+            c = self.chats,
+            sk = self.skipped_lines,
+            h = self.handled,
+            dt = self.dropped_total(),
+            d0 = d[0],
+            d1 = d[1],
+            d2 = d[2],
+            d3 = d[3],
+            dup = self.duplicates,
+            f = self.failed,
+            v = self.violations(),
+            o = self.order_violations,
+            ov = self.overlap_violations,
+            t = self.token_violations,
+            e2 = self.ended_twice,
+            ho = self.handovers,
+            wall = self.wall_s,
+            mps = self.messages_per_s,
+            p50 = us(self.wait_p50_us),
+            p99 = us(self.wait_p99_us),
+            max = us(self.wait_max_us),
+        );
+        if !self.notes.is_empty() {
+            s.push_str(&format!("  note         {}\n", self.notes));
+        }
+        s.push_str(if self.is_clean() {
+            "  result       clean"
+        } else {
+            "  result       NOT CLEAN"
+        });
+        s
+    }
+
+    /// The one-line JSON record (bench/FORMAT.md, `"workload": "replay"`).
+    ///
+    /// # Errors
+    /// Only if serialisation fails, which plain numbers and strings do not.
+    pub fn json(&self) -> Result<String, serde_json::Error> {
+        let round = |v: f64| (v * 10.0).round() / 10.0;
+        let record = Record {
+            peer: format!("botmesh-{}", self.backend),
+            workload: "replay",
+            params: Params {
+                updates: &self.updates_path,
+                backend: &self.backend,
+                replicas: self.replicas,
+                workers: self.workers,
+                senders: self.senders,
+                seed: self.seed,
+                handler_ms: self.handler_ms,
+                handler_jitter_ms: self.handler_jitter_ms,
+                speed: self.speed,
+                turn_wait_ms: self.turn_wait_ms,
+            },
+            ops_per_s: round(self.messages_per_s),
+            p50_us: self.wait_p50_us.map(round),
+            p99_us: self.wait_p99_us.map(round),
+            exclusion_violations: self.overlap_violations,
+            max_streak: None,
+            notes: &self.notes,
+            extra: Extra {
+                handled: self.handled,
+                dropped: Dropped {
+                    timeout: self.dropped[0],
+                    lost: self.dropped[1],
+                    backend: self.dropped[2],
+                    shutting_down: self.dropped[3],
+                },
+                duplicates: self.duplicates,
+                failed: self.failed,
+                order_violations: self.order_violations,
+                token_violations: self.token_violations,
+                overlap_violations: self.overlap_violations,
+                ended_twice: self.ended_twice,
+                handovers: self.handovers,
+                updates: self.updates,
+                chats: self.chats,
+                skipped_lines: self.skipped_lines,
+                wall_s: (self.wall_s * 1000.0).round() / 1000.0,
+                wait_max_us: self.wait_max_us.map(round),
+            },
+        };
+        serde_json::to_string(&record)
+    }
+}
+
+#[derive(Serialize)]
+struct Record<'a> {
+    peer: String,
+    workload: &'a str,
+    params: Params<'a>,
+    ops_per_s: f64,
+    p50_us: Option<f64>,
+    p99_us: Option<f64>,
+    exclusion_violations: u64,
+    max_streak: Option<u64>,
+    notes: &'a str,
+    extra: Extra,
+}
+
+#[derive(Serialize)]
+struct Params<'a> {
+    updates: &'a str,
+    backend: &'a str,
+    replicas: usize,
+    workers: usize,
+    senders: usize,
+    seed: u64,
+    handler_ms: f64,
+    handler_jitter_ms: f64,
+    speed: Option<f64>,
+    turn_wait_ms: u128,
+}
+
+#[derive(Serialize)]
+struct Extra {
+    handled: u64,
+    dropped: Dropped,
+    duplicates: u64,
+    failed: u64,
+    order_violations: u64,
+    token_violations: u64,
+    overlap_violations: u64,
+    ended_twice: u64,
+    handovers: u64,
+    updates: usize,
+    chats: usize,
+    skipped_lines: usize,
+    wall_s: f64,
+    wait_max_us: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct Dropped {
+    timeout: u64,
+    lost: u64,
+    backend: u64,
+    shutting_down: u64,
+}
+
+/// Exact nearest-rank percentile `q` (0..=1) of sorted samples.
+pub fn percentile(sorted: &[u64], q: f64) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted.get(rank.clamp(1, sorted.len()) - 1).copied()
+}

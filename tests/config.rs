@@ -1,0 +1,775 @@
+//! Loading and checking `CoordinationConfig`: spellings, durations, defaults, and the
+//! error messages for bad input, in JSON and TOML.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use botmesh::coordinator::{
+    BackendError, EnqueueRequest, Enqueued, Grant, GrantSink, HeldLease, Released, ReplicaId,
+    Waiting,
+};
+use botmesh::{
+    ConfigError, CoordinationConfig, Coordinator, CoordinatorConfig, FallbackPolicy, FlowsPolicy,
+    HandoverConfig, MemoryOptions, ProviderSession,
+};
+
+// ----- helpers
+
+fn json(text: &str) -> CoordinationConfig {
+    match CoordinationConfig::from_json_str(text) {
+        Ok(config) => config,
+        Err(e) => panic!("{text} should load, got: {e}"),
+    }
+}
+
+fn toml_ok(text: &str) -> CoordinationConfig {
+    match toml::from_str::<CoordinationConfig>(text) {
+        Ok(config) => config,
+        Err(e) => panic!("{text} should load, got: {e}"),
+    }
+}
+
+/// Loads JSON that must fail, and checks that the message names every `needle`.
+fn json_err(text: &str, needles: &[&str]) -> String {
+    let err: ConfigError = match CoordinationConfig::from_json_str(text) {
+        Ok(config) => panic!("{text} should be refused, got {config:?}"),
+        Err(e) => e,
+    };
+    let message = err.to_string();
+    assert!(
+        message.starts_with("invalid config: "),
+        "unexpected prefix: {message}"
+    );
+    for needle in needles {
+        assert!(
+            message.contains(needle),
+            "error for {text} should contain {needle:?}: {message}"
+        );
+    }
+    message
+}
+
+/// Loads TOML that must fail, and checks that the message names every `needle`.
+fn toml_err(text: &str, needles: &[&str]) -> String {
+    let message = match toml::from_str::<CoordinationConfig>(text) {
+        Ok(config) => panic!("{text} should be refused, got {config:?}"),
+        Err(e) => e.to_string(),
+    };
+    for needle in needles {
+        assert!(
+            message.contains(needle),
+            "error for {text} should contain {needle:?}: {message}"
+        );
+    }
+    message
+}
+
+fn memory(config: &CoordinationConfig) -> MemoryOptions {
+    match &config.coordinator {
+        CoordinatorConfig::Memory(options) => *options,
+        other => panic!("expected a memory coordinator, got {other:?}"),
+    }
+}
+
+const MEMORY: &str = r#""coordinator": {"memory": {}}"#;
+
+fn with_memory(rest: &str) -> String {
+    format!("{{{MEMORY}, {rest}}}")
+}
+
+// ----- defaults and building in code
+
+#[test]
+fn defaults() {
+    let config = CoordinationConfig::new(CoordinatorConfig::memory());
+    assert_eq!(config.turn_wait, Duration::from_secs(120));
+    assert_eq!(config.settle, Duration::from_secs(60));
+    assert_eq!(config.provider_down, Duration::from_secs(60));
+    assert_eq!(config.provider_session, ProviderSession::Auto);
+    assert_eq!(
+        config.handover,
+        HandoverConfig {
+            flows: FlowsPolicy::Drop,
+            fallback: FallbackPolicy::Drop
+        }
+    );
+    assert_eq!(config.handover, HandoverConfig::default());
+    let options = memory(&config);
+    assert_eq!(options, MemoryOptions::default());
+    assert_eq!(options.lease_ttl, Duration::from_secs(10));
+    assert_eq!(options.dedup_window, Duration::from_secs(600));
+    assert_eq!(ProviderSession::default(), ProviderSession::Auto);
+    assert_eq!(FlowsPolicy::default(), FlowsPolicy::Drop);
+    assert_eq!(FallbackPolicy::default(), FallbackPolicy::Drop);
+    assert!(config.validate().is_ok());
+}
+
+#[test]
+fn minimal_file_takes_every_default() {
+    for config in [
+        json(r#"{"coordinator": {"memory": {}}}"#),
+        toml_ok("[coordinator.memory]\n"),
+    ] {
+        let defaults = CoordinationConfig::new(CoordinatorConfig::memory());
+        assert_eq!(config.turn_wait, defaults.turn_wait);
+        assert_eq!(config.settle, defaults.settle);
+        assert_eq!(config.provider_down, defaults.provider_down);
+        assert_eq!(config.provider_session, defaults.provider_session);
+        assert_eq!(config.handover, defaults.handover);
+        assert_eq!(memory(&config), MemoryOptions::default());
+    }
+}
+
+#[test]
+fn builder_setters() {
+    let config = CoordinationConfig::new(CoordinatorConfig::Memory(
+        MemoryOptions::default()
+            .with_lease_ttl(Duration::from_secs(3))
+            .with_dedup_window(Duration::ZERO),
+    ))
+    .with_turn_wait(Duration::from_secs(5))
+    .with_settle(Duration::ZERO)
+    .with_provider_down(Duration::from_secs(7))
+    .with_provider_session(ProviderSession::Shared)
+    .with_handover(HandoverConfig {
+        flows: FlowsPolicy::Resume,
+        fallback: FallbackPolicy::Restart,
+    });
+    assert_eq!(config.turn_wait, Duration::from_secs(5));
+    assert_eq!(config.settle, Duration::ZERO);
+    assert_eq!(config.provider_down, Duration::from_secs(7));
+    assert_eq!(config.provider_session, ProviderSession::Shared);
+    assert_eq!(config.handover.flows, FlowsPolicy::Resume);
+    assert_eq!(config.handover.fallback, FallbackPolicy::Restart);
+    assert_eq!(memory(&config).lease_ttl, Duration::from_secs(3));
+    assert_eq!(memory(&config).dedup_window, Duration::ZERO);
+    assert!(config.validate().is_ok());
+}
+
+#[test]
+fn validate_refuses_bad_values_set_in_code() {
+    let base = CoordinationConfig::new(CoordinatorConfig::memory());
+
+    let err = base.clone().with_turn_wait(Duration::ZERO).validate();
+    let message = err.expect_err("zero turn wait").to_string();
+    assert!(
+        message.contains("turnWaitMs") && message.contains("0s"),
+        "{message}"
+    );
+
+    let err = base
+        .clone()
+        .with_settle(Duration::from_millis(2_147_483_648))
+        .validate();
+    let message = err.expect_err("settle over the maximum").to_string();
+    assert!(
+        message.contains("settleMs") && message.contains("too large"),
+        "{message}"
+    );
+
+    let err = base
+        .with_coordinator(CoordinatorConfig::Memory(
+            MemoryOptions::default().with_lease_ttl(Duration::from_millis(5)),
+        ))
+        .validate();
+    let message = err.expect_err("lease TTL too short").to_string();
+    assert!(
+        message.contains("coordinator.memory.leaseTtlMs") && message.contains("5ms"),
+        "{message}"
+    );
+
+    // The largest accepted value is accepted.
+    let max = CoordinationConfig::new(CoordinatorConfig::memory())
+        .with_provider_down(CoordinationConfig::MAX_DURATION);
+    assert!(max.validate().is_ok());
+    assert_eq!(
+        CoordinationConfig::MAX_DURATION,
+        Duration::from_millis(2_147_483_647)
+    );
+}
+
+// ----- a coordinator made in code
+
+struct NamedBackend;
+
+impl Coordinator for NamedBackend {
+    fn backend(&self) -> &'static str {
+        "test-backend"
+    }
+    fn lease_ttl(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    fn attach(&self, _: &ReplicaId, _: GrantSink) -> Result<(), BackendError> {
+        Err(BackendError::new("not used"))
+    }
+    fn detach(&self, _: &ReplicaId) -> Result<(), BackendError> {
+        Err(BackendError::new("not used"))
+    }
+    fn enqueue(&self, _: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError> {
+        Err(BackendError::new("not used"))
+    }
+    fn poll(&self, _: &[Waiting<'_>]) -> Result<Vec<Option<Grant>>, BackendError> {
+        Err(BackendError::new("not used"))
+    }
+    fn cancel(&self, _: &Waiting<'_>) -> Result<Option<Grant>, BackendError> {
+        Err(BackendError::new("not used"))
+    }
+    fn release(&self, _: &HeldLease<'_>, _: Option<&str>) -> Result<Released, BackendError> {
+        Err(BackendError::new("not used"))
+    }
+    fn renew(&self, _: &ReplicaId, _: &[HeldLease<'_>]) -> Result<Vec<bool>, BackendError> {
+        Err(BackendError::new("not used"))
+    }
+}
+
+#[test]
+fn shared_coordinator_is_cloned_by_reference_and_debugs_its_name() {
+    let backend: Arc<dyn Coordinator> = Arc::new(NamedBackend);
+    let config = CoordinationConfig::new(CoordinatorConfig::Shared(backend.clone()));
+    let copy = config.clone();
+    match (&config.coordinator, &copy.coordinator) {
+        (CoordinatorConfig::Shared(a), CoordinatorConfig::Shared(b)) => {
+            assert!(Arc::ptr_eq(a, b));
+            assert!(Arc::ptr_eq(a, &backend));
+        }
+        other => panic!("expected shared coordinators, got {other:?}"),
+    }
+    assert_eq!(
+        format!("{:?}", config.coordinator),
+        r#"Shared("test-backend")"#
+    );
+    assert_eq!(config.coordinator.backend(), "test-backend");
+    assert_eq!(CoordinatorConfig::memory().backend(), "memory");
+    assert!(config.validate().is_ok());
+    assert_eq!(
+        format!("{:?}", CoordinatorConfig::from(backend)),
+        r#"Shared("test-backend")"#
+    );
+}
+
+// ----- spellings
+
+fn assert_full(config: &CoordinationConfig) {
+    assert_eq!(config.turn_wait, Duration::from_secs(30));
+    assert_eq!(config.settle, Duration::from_millis(1500));
+    assert_eq!(config.provider_down, Duration::from_secs(90 * 60));
+    assert_eq!(config.provider_session, ProviderSession::Leader);
+    assert_eq!(config.handover.flows, FlowsPolicy::Resume);
+    assert_eq!(config.handover.fallback, FallbackPolicy::Restart);
+    assert_eq!(memory(config).lease_ttl, Duration::from_secs(5));
+    assert_eq!(memory(config).dedup_window, Duration::from_secs(60));
+}
+
+#[test]
+fn camel_case_json() {
+    let config = json(
+        r#"{
+            "coordinator": {"memory": {"leaseTtlMs": 5000, "dedupWindowMs": "1m"}},
+            "turnWaitMs": 30000,
+            "settleMs": "1500ms",
+            "providerDownMs": "1h 30m",
+            "providerSession": "leader",
+            "handover": {"flows": "resume", "fallback": "restart"}
+        }"#,
+    );
+    assert_full(&config);
+}
+
+#[test]
+fn snake_case_json() {
+    let config = json(
+        r#"{
+            "coordinator": {"memory": {"lease_ttl_ms": "5s", "dedup_window_ms": 60000}},
+            "turn_wait_ms": "30s",
+            "settle_ms": 1500,
+            "provider_down_ms": 5400000,
+            "provider_session": "leader",
+            "handover": {"flows": "resume", "fallback": "restart"}
+        }"#,
+    );
+    assert_full(&config);
+}
+
+#[test]
+fn short_names_json() {
+    let config = json(
+        r#"{
+            "coordinator": {"memory": {"leaseTtl": "5s", "dedupWindow": "1m"}},
+            "turnWait": "30s",
+            "settle": "1500ms",
+            "providerDown": "90m",
+            "providerSession": "leader",
+            "handover": {"flows": "resume", "fallback": "restart"}
+        }"#,
+    );
+    assert_full(&config);
+    let config = json(
+        r#"{
+            "coordinator": {"memory": {"lease_ttl": "5s", "dedup_window": "1m"}},
+            "turn_wait": "30s",
+            "settle": 1500,
+            "provider_down": "90m",
+            "provider_session": "leader",
+            "handover": {"flows": "resume", "fallback": "restart"}
+        }"#,
+    );
+    assert_full(&config);
+}
+
+#[test]
+fn camel_case_toml() {
+    let config = toml_ok(
+        r#"
+turnWaitMs = 30000
+settleMs = "1500ms"
+providerDownMs = "1h 30m"
+providerSession = "leader"
+
+[coordinator.memory]
+leaseTtlMs = 5000
+dedupWindowMs = "1m"
+
+[handover]
+flows = "resume"
+fallback = "restart"
+"#,
+    );
+    assert_full(&config);
+}
+
+#[test]
+fn snake_case_toml() {
+    let config = toml_ok(
+        r#"
+turn_wait_ms = "30s"
+settle_ms = 1500
+provider_down_ms = 5400000
+provider_session = "leader"
+coordinator = { memory = { lease_ttl_ms = "5s", dedup_window_ms = 60000 } }
+handover = { flows = "resume", fallback = "restart" }
+"#,
+    );
+    assert_full(&config);
+}
+
+// ----- durations
+
+#[test]
+fn humantime_strings_and_millisecond_numbers() {
+    let cases: &[(&str, Duration)] = &[
+        (r#""2m""#, Duration::from_secs(120)),
+        (r#""1500ms""#, Duration::from_millis(1500)),
+        (r#""1h 30m""#, Duration::from_secs(5400)),
+        (r#""10s""#, Duration::from_secs(10)),
+        (r#"" 3s ""#, Duration::from_secs(3)),
+        ("1", Duration::from_millis(1)),
+        ("1500", Duration::from_millis(1500)),
+        ("120000", Duration::from_secs(120)),
+        ("2147483647", Duration::from_millis(2_147_483_647)),
+        (r#""2147483647ms""#, Duration::from_millis(2_147_483_647)),
+    ];
+    for (value, expected) in cases {
+        let config = json(&with_memory(&format!(r#""turnWaitMs": {value}"#)));
+        assert_eq!(config.turn_wait, *expected, "JSON {value}");
+        let config = toml_ok(&format!("turnWaitMs = {value}\n[coordinator.memory]\n"));
+        assert_eq!(config.turn_wait, *expected, "TOML {value}");
+    }
+}
+
+#[test]
+fn whole_float_is_milliseconds() {
+    let config = json(&with_memory(r#""settleMs": 2000.0"#));
+    assert_eq!(config.settle, Duration::from_secs(2));
+}
+
+#[test]
+fn zero_is_allowed_where_it_means_something() {
+    let config = json(
+        r#"{"coordinator": {"memory": {"dedupWindow": 0}}, "settle": 0, "providerDown": "0s"}"#,
+    );
+    assert_eq!(config.settle, Duration::ZERO);
+    assert_eq!(config.provider_down, Duration::ZERO);
+    assert_eq!(memory(&config).dedup_window, Duration::ZERO);
+}
+
+#[test]
+fn smallest_lease_ttl_is_accepted() {
+    let config = json(r#"{"coordinator": {"memory": {"leaseTtl": "10ms"}}}"#);
+    assert_eq!(memory(&config).lease_ttl, Duration::from_millis(10));
+}
+
+// ----- bad input: one test per kind
+
+#[test]
+fn unknown_top_level_key() {
+    let message = json_err(
+        &with_memory(r#""turnWaitMS": 5"#),
+        &["turnWaitMS", "coordination config", "turnWaitMs"],
+    );
+    assert!(message.contains("did you mean \"turnWaitMs\""), "{message}");
+    toml_err(
+        "turnWaitMS = 5\n[coordinator.memory]\n",
+        &["turnWaitMS", "coordination config"],
+    );
+    json_err(&with_memory(r#""retries": 3"#), &[r#""retries""#]);
+}
+
+#[test]
+fn unknown_key_in_handover() {
+    json_err(
+        &with_memory(r#""handover": {"flows": "drop", "fallbak": "drop"}"#),
+        &[r#""fallbak""#, "handover", "fallback"],
+    );
+    toml_err(
+        "[coordinator.memory]\n[handover]\nflow = \"drop\"\n",
+        &[r#""flow""#, "handover"],
+    );
+}
+
+#[test]
+fn unknown_key_in_memory_options() {
+    json_err(
+        r#"{"coordinator": {"memory": {"ttl": "10s"}}}"#,
+        &[r#""ttl""#, "coordinator.memory", "leaseTtlMs"],
+    );
+    toml_err(
+        "[coordinator.memory]\nlease_ttl_s = 10\n",
+        &[r#""lease_ttl_s""#, "coordinator.memory"],
+    );
+}
+
+#[test]
+fn unknown_backend() {
+    json_err(
+        r#"{"coordinator": {"redis": {"url": "redis://localhost"}}}"#,
+        &["coordinator", r#""redis""#, r#""memory""#],
+    );
+}
+
+#[test]
+fn coordinator_with_no_or_two_backends() {
+    json_err(r#"{"coordinator": {}}"#, &["coordinator", "{}"]);
+    json_err(
+        r#"{"coordinator": {"memory": {}, "other": {}}}"#,
+        &["coordinator", r#""other""#, r#""memory""#],
+    );
+}
+
+#[test]
+fn negative_number() {
+    let message = json_err(
+        &with_memory(r#""turnWaitMs": -5"#),
+        &["turnWaitMs: -5 is negative", "whole number of milliseconds"],
+    );
+    assert!(message.contains(r#""2m""#), "{message}");
+    toml_err(
+        "settle_ms = -5\n[coordinator.memory]\n",
+        &["settle_ms: -5 is negative"],
+    );
+    json_err(
+        &with_memory(r#""settleMs": -2.0"#),
+        &["settleMs: -2 is negative"],
+    );
+}
+
+#[test]
+fn fractional_number() {
+    json_err(
+        &with_memory(r#""providerDownMs": 1.5"#),
+        &["providerDownMs: 1.5", "fractional"],
+    );
+    toml_err(
+        "turnWait = 1.5\n[coordinator.memory]\n",
+        &["turnWait: 1.5", "fractional"],
+    );
+}
+
+#[test]
+fn unparsable_string() {
+    json_err(
+        &with_memory(r#""turnWaitMs": "two minutes""#),
+        &["turnWaitMs", r#""two minutes""#, "not a duration"],
+    );
+    // Digits without a unit are not guessed at.
+    json_err(
+        &with_memory(r#""settle": "1500""#),
+        &["settle", r#""1500""#, "not a duration"],
+    );
+    json_err(
+        &with_memory(r#""settle": """#),
+        &["settle", r#""""#, "empty"],
+    );
+    toml_err(
+        "[coordinator.memory]\nleaseTtl = \"10 parsecs\"\n",
+        &["coordinator.memory.leaseTtl", r#""10 parsecs""#],
+    );
+}
+
+#[test]
+fn over_the_maximum_as_number() {
+    json_err(
+        &with_memory(r#""turnWaitMs": 2147483648"#),
+        &["turnWaitMs: 2147483648 is too large", "2147483647"],
+    );
+    json_err(
+        &with_memory(r#""turnWaitMs": 18446744073709551616"#),
+        &["turnWaitMs", "too large"],
+    );
+    toml_err(
+        "settleMs = 2147483648\n[coordinator.memory]\n",
+        &["settleMs: 2147483648 is too large"],
+    );
+}
+
+#[test]
+fn over_the_maximum_as_string() {
+    json_err(
+        &with_memory(r#""turnWaitMs": "25d""#),
+        &[r#"turnWaitMs: "25d" is too large"#, "2147483647"],
+    );
+    json_err(
+        &with_memory(r#""settle": "2147483648ms""#),
+        &[r#"settle: "2147483648ms" is too large"#],
+    );
+    json_err(
+        &with_memory(r#""settle": "99999999999999999999999years""#),
+        &["settle", "99999999999999999999999years", "too large"],
+    );
+    toml_err(
+        "[coordinator.memory]\ndedup_window = \"1000 days\"\n",
+        &[r#"coordinator.memory.dedup_window: "1000 days" is too large"#],
+    );
+}
+
+#[test]
+fn unknown_session_mode() {
+    json_err(
+        &with_memory(r#""providerSession": "bogus""#),
+        &[
+            r#"providerSession: unknown session mode "bogus""#,
+            r#""leader", "shared" or "auto""#,
+        ],
+    );
+    toml_err(
+        "provider_session = \"Leader\"\n[coordinator.memory]\n",
+        &[
+            "provider_session",
+            r#""Leader""#,
+            r#"did you mean "leader"?"#,
+        ],
+    );
+}
+
+#[test]
+fn unknown_flows_policy() {
+    json_err(
+        &with_memory(r#""handover": {"flows": "keep"}"#),
+        &[
+            r#"handover.flows: unknown flows policy "keep""#,
+            r#""drop" or "resume""#,
+        ],
+    );
+    toml_err(
+        "[coordinator.memory]\n[handover]\nflows = \"keep\"\n",
+        &[r#"handover.flows: unknown flows policy "keep""#],
+    );
+}
+
+#[test]
+fn unknown_fallback_policy() {
+    json_err(
+        &with_memory(r#""handover": {"fallback": "retry"}"#),
+        &[
+            r#"handover.fallback: unknown fallback policy "retry""#,
+            r#""drop" or "restart""#,
+        ],
+    );
+}
+
+#[test]
+fn missing_coordinator() {
+    json_err(
+        r#"{"turnWaitMs": "2m"}"#,
+        &["missing key", r#""coordinator""#],
+    );
+    json_err("{}", &[r#""coordinator""#]);
+    toml_err(
+        "turnWaitMs = \"2m\"\n",
+        &["missing key", r#""coordinator""#],
+    );
+}
+
+#[test]
+fn zero_turn_wait() {
+    json_err(
+        &with_memory(r#""turnWaitMs": 0"#),
+        &["turnWaitMs: 0 is zero"],
+    );
+    json_err(
+        &with_memory(r#""turn_wait": "0s""#),
+        &[r#"turn_wait: "0s" is zero"#],
+    );
+    toml_err(
+        "turnWait = 0\n[coordinator.memory]\n",
+        &["turnWait: 0 is zero"],
+    );
+}
+
+#[test]
+fn lease_ttl_too_short() {
+    json_err(
+        r#"{"coordinator": {"memory": {"leaseTtlMs": 9}}}"#,
+        &["coordinator.memory.leaseTtlMs: 9 is too short", "10ms"],
+    );
+    json_err(
+        r#"{"coordinator": {"memory": {"lease_ttl": "0s"}}}"#,
+        &[r#"coordinator.memory.lease_ttl: "0s" is too short"#],
+    );
+}
+
+#[test]
+fn wrong_type() {
+    json_err(
+        &with_memory(r#""turnWaitMs": true"#),
+        &["turnWaitMs: true is a boolean", "duration"],
+    );
+    json_err(
+        &with_memory(r#""settleMs": [1, 2]"#),
+        &["settleMs: [1,2] is an array"],
+    );
+    json_err(
+        &with_memory(r#""settleMs": {"s": 1}"#),
+        &[r#"settleMs: {"s":1} is a map"#],
+    );
+    json_err(
+        &with_memory(r#""settleMs": null"#),
+        &["settleMs: null is not accepted"],
+    );
+    json_err(
+        &with_memory(r#""providerSession": 1"#),
+        &["providerSession: 1 is a number", r#""leader""#],
+    );
+    json_err(
+        &with_memory(r#""handover": "drop""#),
+        &[r#"handover: "drop" is a string"#],
+    );
+    json_err(
+        r#"{"coordinator": "memory"}"#,
+        &[r#"coordinator: "memory" is a string"#, r#"{"memory": {}}"#],
+    );
+    json_err(
+        r#"{"coordinator": {"memory": 5}}"#,
+        &["coordinator.memory: 5 is a number"],
+    );
+    json_err("[1]", &["coordination config: [1] is an array"]);
+    toml_err(
+        "turnWaitMs = true\n[coordinator.memory]\n",
+        &["turnWaitMs: true is a boolean"],
+    );
+    toml_err(
+        "turnWaitMs = 1979-05-27T07:32:00Z\n[coordinator.memory]\n",
+        &["turnWaitMs: 1979-05-27T07:32:00Z is a date-time"],
+    );
+    toml_err(
+        "settle = [\"1s\"]\n[coordinator.memory]\n",
+        &[r#"settle: ["1s"] is an array"#],
+    );
+}
+
+#[test]
+fn same_field_under_two_spellings() {
+    json_err(
+        &with_memory(r#""turnWaitMs": 1000, "turn_wait": "1s""#),
+        &["turn_wait", "given twice", "turnWaitMs"],
+    );
+    toml_err(
+        "[coordinator.memory]\nleaseTtl = \"1s\"\nlease_ttl_ms = 1000\n",
+        &["coordinator.memory.lease_ttl_ms", "given twice"],
+    );
+}
+
+#[test]
+fn syntax_errors_keep_serde_json_message() {
+    let err = CoordinationConfig::from_json_str("{").expect_err("not JSON");
+    assert!(err.to_string().starts_with("invalid config: "), "{err}");
+    assert!(err.message().contains("line 1"), "{err}");
+}
+
+// ----- the parts on their own
+
+#[test]
+fn choices_parse_and_display() {
+    for mode in [
+        ProviderSession::Leader,
+        ProviderSession::Shared,
+        ProviderSession::Auto,
+    ] {
+        assert_eq!(mode.as_str().parse::<ProviderSession>(), Ok(mode));
+        assert_eq!(mode.to_string(), mode.as_str());
+    }
+    assert_eq!("resume".parse::<FlowsPolicy>(), Ok(FlowsPolicy::Resume));
+    assert_eq!(
+        "restart".parse::<FallbackPolicy>(),
+        Ok(FallbackPolicy::Restart)
+    );
+    let err = "sometimes"
+        .parse::<ProviderSession>()
+        .expect_err("unknown mode");
+    assert!(err.to_string().contains(r#""sometimes""#), "{err}");
+}
+
+#[test]
+fn parts_deserialize_on_their_own() {
+    let options: MemoryOptions =
+        serde_json::from_str(r#"{"leaseTtl": "2s"}"#).expect("memory options");
+    assert_eq!(options.lease_ttl, Duration::from_secs(2));
+    assert_eq!(options.dedup_window, MemoryOptions::DEFAULT_DEDUP_WINDOW);
+
+    let handover: HandoverConfig =
+        serde_json::from_str(r#"{"fallback": "restart"}"#).expect("handover");
+    assert_eq!(handover.flows, FlowsPolicy::Drop);
+    assert_eq!(handover.fallback, FallbackPolicy::Restart);
+
+    let mode: ProviderSession = serde_json::from_str(r#""shared""#).expect("mode");
+    assert_eq!(mode, ProviderSession::Shared);
+    let err = serde_json::from_str::<ProviderSession>(r#""x""#).expect_err("bad mode");
+    assert!(
+        err.to_string()
+            .contains(r#"providerSession: unknown session mode "x""#)
+    );
+
+    let coordinator: CoordinatorConfig =
+        serde_json::from_str(r#"{"memory": {}}"#).expect("coordinator");
+    assert_eq!(coordinator.backend(), "memory");
+
+    let err =
+        serde_json::from_str::<MemoryOptions>(r#"{"leaseTtlMs": -1}"#).expect_err("negative TTL");
+    assert!(
+        err.to_string().contains("leaseTtlMs: -1 is negative"),
+        "{err}"
+    );
+}
+
+#[test]
+fn embeds_in_a_larger_config() {
+    #[derive(serde::Deserialize)]
+    struct BotConfig {
+        #[allow(dead_code)]
+        name: String,
+        coordination: Option<CoordinationConfig>,
+    }
+    let bot: BotConfig = toml::from_str(
+        r#"
+name = "shop"
+[coordination]
+turnWaitMs = "45s"
+[coordination.coordinator.memory]
+"#,
+    )
+    .expect("bot config");
+    let coordination = bot.coordination.expect("coordination given");
+    assert_eq!(coordination.turn_wait, Duration::from_secs(45));
+
+    let bot: BotConfig = toml::from_str("name = \"shop\"\n").expect("bot config");
+    assert!(bot.coordination.is_none());
+}

@@ -1,0 +1,584 @@
+//! The conformance suite of the `Coordinator` contract (SPEC §3, §8), written once and
+//! run unchanged against every backend: a backend's test file implements [`Harness`]
+//! and calls `suite!(ItsHarness)`.
+//!
+//! Events are ordered with channels and barriers, never with sleeps; where the contract
+//! itself is about time (a TTL running out), the tests wait for the event with a
+//! generous upper bound and fail if it does not come.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use botmesh::coordinator::{EnqueueRequest, Enqueued, HeldLease, Released, Ticket, Waiting};
+use botmesh::{
+    Accepted, Bot, CoordinationConfig, Coordinator, CoordinatorConfig, Error, Message, Outcome,
+    Reason, Replica,
+};
+use crossbeam_channel::{Receiver, Sender, unbounded};
+
+/// A backend under test.
+pub trait Harness: Sized + 'static {
+    /// A fresh, empty backend whose leases have this TTL.
+    fn start(ttl: Duration) -> Self;
+    /// A handle to it, shared by the replicas of one test.
+    fn coordinator(&self) -> Arc<dyn Coordinator>;
+    /// How many chats have state without an expiry (0 once every chat is idle).
+    fn live_state(&self) -> usize;
+}
+
+pub const LONG: Duration = Duration::from_secs(30);
+const RECV: Duration = Duration::from_secs(20);
+
+fn config(h: &impl Harness, turn_wait: Duration) -> CoordinationConfig {
+    CoordinationConfig::new(CoordinatorConfig::Shared(h.coordinator())).with_turn_wait(turn_wait)
+}
+
+fn recv<T>(rx: &Receiver<T>, what: &str) -> T {
+    rx.recv_timeout(RECV)
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+/// A handler that records (chat, text, token) in start order and can be made to block
+/// on chosen texts until the test lets it go.
+#[derive(Clone)]
+struct Recorder {
+    log: Arc<Mutex<Vec<(String, String, u64, String)>>>,
+    started: Sender<String>,
+    started_rx: Receiver<String>,
+    gates: Arc<Mutex<HashMap<String, Receiver<()>>>>,
+    busy: Arc<Mutex<HashMap<String, bool>>>,
+    overlaps: Arc<AtomicUsize>,
+}
+
+impl Recorder {
+    fn new() -> Self {
+        let (started, started_rx) = unbounded();
+        Recorder {
+            log: Arc::default(),
+            started,
+            started_rx,
+            gates: Arc::default(),
+            busy: Arc::default(),
+            overlaps: Arc::default(),
+        }
+    }
+
+    /// Makes the handler of `text` block until the returned sender is used or dropped.
+    fn gate(&self, text: &str) -> Sender<()> {
+        let (tx, rx) = unbounded();
+        self.gates.lock().unwrap().insert(text.to_owned(), rx);
+        tx
+    }
+
+    fn bot(&self, id: &str, workers: usize, config: Option<CoordinationConfig>) -> Bot {
+        self.bot_with(id, workers, config, |_| {})
+    }
+
+    fn bot_with(
+        &self,
+        id: &str,
+        workers: usize,
+        config: Option<CoordinationConfig>,
+        on_error: impl Fn(&Error) + Send + Sync + 'static,
+    ) -> Bot {
+        let me = self.clone();
+        let mut b = Bot::builder().id(id).workers(workers).on_error(on_error);
+        if let Some(c) = config {
+            b = b.coordination(c);
+        }
+        b.handler(move |ctx| {
+            let m = ctx.message();
+            {
+                let mut busy = me.busy.lock().unwrap();
+                let flag = busy.entry(m.chat.clone()).or_default();
+                if *flag {
+                    me.overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                *flag = true;
+            }
+            me.log.lock().unwrap().push((
+                m.chat.clone(),
+                m.text.clone(),
+                ctx.turn().fencing_token(),
+                ctx.turn().replica().to_owned(),
+            ));
+            let _ = me.started.send(m.text.clone());
+            let gate = me.gates.lock().unwrap().remove(&m.text);
+            if let Some(gate) = gate {
+                let _ = gate.recv();
+            }
+            me.busy.lock().unwrap().insert(m.chat.clone(), false);
+            Ok(())
+        })
+        .build()
+        .expect("bot starts")
+    }
+
+    fn texts(&self, chat: &str) -> Vec<String> {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e.0 == chat)
+            .map(|e| e.1.clone())
+            .collect()
+    }
+}
+
+fn msg(chat: &str, text: &str) -> Message {
+    Message::new(chat, text).with_id(text)
+}
+
+/// Many threads on several replicas hammer a few chats: never two holders of one chat,
+/// and tokens strictly increase per chat.
+pub fn exclusion_and_fencing<H: Harness>() {
+    let h = H::start(Duration::from_secs(10));
+    let replicas: Vec<Arc<Replica>> = (0..4)
+        .map(|i| Arc::new(Replica::start(format!("r{i}"), h.coordinator()).expect("start")))
+        .collect();
+    let chats = ["a", "b", "c"];
+    let holders: Arc<Vec<AtomicBool>> = Arc::new(chats.iter().map(|_| AtomicBool::new(false)).collect());
+    let last: Arc<Vec<AtomicU64>> = Arc::new(chats.iter().map(|_| AtomicU64::new(0)).collect());
+    let violations = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(Barrier::new(16));
+    let mut threads = Vec::new();
+    for t in 0..16 {
+        let r = replicas[t % 4].clone();
+        let (holders, last, violations, barrier) =
+            (holders.clone(), last.clone(), violations.clone(), barrier.clone());
+        threads.push(thread::spawn(move || {
+            barrier.wait();
+            for i in 0..200 {
+                let c = (t + i) % 3;
+                let turn = r.acquire(chats[c], LONG).expect("acquire");
+                if holders[c].swap(true, Ordering::SeqCst) {
+                    violations.fetch_add(1, Ordering::SeqCst);
+                }
+                let token = turn.fencing_token();
+                if last[c].swap(token, Ordering::SeqCst) >= token {
+                    violations.fetch_add(1, Ordering::SeqCst);
+                }
+                holders[c].store(false, Ordering::SeqCst);
+                turn.release().expect("release");
+            }
+        }));
+    }
+    for t in threads {
+        t.join().expect("thread");
+    }
+    assert_eq!(violations.load(Ordering::SeqCst), 0);
+    for r in replicas {
+        Arc::into_inner(r).expect("sole owner").shutdown();
+    }
+    assert_eq!(h.live_state(), 0, "idle chats left state behind");
+}
+
+/// Messages of one chat run in the order intake accepted them, across replicas.
+pub fn fifo_across_replicas<H: Harness>() {
+    let h = H::start(Duration::from_secs(10));
+    let rec = Recorder::new();
+    let bots: Vec<Bot> = (0..3)
+        .map(|i| rec.bot(&format!("r{i}"), 2, Some(config(&h, LONG))))
+        .collect();
+    let hold = rec.gate("m0");
+    bots[0].intake().deliver(msg("chat", "m0")).expect("deliver");
+    assert_eq!(recv(&rec.started_rx, "m0 to start"), "m0");
+    for i in 1..=30 {
+        let bot = &bots[i % 3];
+        assert_eq!(
+            bot.intake().deliver(msg("chat", &format!("m{i}"))).expect("deliver"),
+            Accepted::Queued
+        );
+    }
+    drop(hold);
+    for bot in bots {
+        bot.shutdown();
+    }
+    let expected: Vec<String> = (0..=30).map(|i| format!("m{i}")).collect();
+    assert_eq!(rec.texts("chat"), expected);
+    assert_eq!(rec.overlaps.load(Ordering::SeqCst), 0);
+    let tokens: Vec<u64> = rec.log.lock().unwrap().iter().map(|e| e.2).collect();
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens {tokens:?}");
+}
+
+/// A message that waits longer than turn_wait is reported once with `timeout`, and the
+/// waiters behind it keep their order.
+pub fn timeout_keeps_order_behind<H: Harness>() {
+    let h = H::start(Duration::from_secs(10));
+    let rec = Recorder::new();
+    let (err_tx, err_rx) = unbounded();
+    let holder = rec.bot("holder", 2, Some(config(&h, LONG)));
+    let impatient = rec.bot_with("impatient", 2, Some(config(&h, Duration::from_millis(200))), move |e| {
+        let _ = err_tx.send(format!("{e:?}"));
+    });
+    let patient = rec.bot("patient", 2, Some(config(&h, LONG)));
+    let hold = rec.gate("m0");
+    holder.intake().deliver(msg("chat", "m0")).expect("deliver");
+    recv(&rec.started_rx, "m0 to start");
+    patient.intake().deliver(msg("chat", "m1")).expect("deliver");
+    impatient.intake().deliver(msg("chat", "m2")).expect("deliver");
+    patient.intake().deliver(msg("chat", "m3")).expect("deliver");
+    patient.intake().deliver(msg("chat", "m4")).expect("deliver");
+    let reported = recv(&err_rx, "the timeout report");
+    assert!(reported.contains("Timeout") && reported.contains("m2"), "{reported}");
+    drop(hold);
+    for bot in [holder, impatient, patient] {
+        bot.shutdown();
+    }
+    assert!(err_rx.try_recv().is_err(), "reported more than once");
+    assert_eq!(rec.texts("chat"), ["m0", "m1", "m3", "m4"]);
+}
+
+/// A handler longer than the lease TTL keeps its turn through renewal; the chat's next
+/// message starts only after it ended.
+pub fn renewal_outlives_ttl<H: Harness>() {
+    let h = H::start(Duration::from_millis(300));
+    let rec = Recorder::new();
+    let (out_tx, out_rx) = unbounded();
+    let a = Bot::builder()
+        .id("a")
+        .coordination(config(&h, LONG))
+        .handler({
+            let rec = rec.clone();
+            move |ctx| {
+                let t0 = Instant::now();
+                rec.log.lock().unwrap().push((ctx.message().chat.clone(), "start-long".into(), 0, String::new()));
+                // The handler really runs for 1 s, more than three TTLs.
+                while t0.elapsed() < Duration::from_secs(1) {
+                    thread::park_timeout(Duration::from_millis(50));
+                }
+                assert!(!ctx.turn().is_lost());
+                rec.log.lock().unwrap().push((ctx.message().chat.clone(), "end-long".into(), 0, String::new()));
+                Ok(())
+            }
+        })
+        .on_outcome(move |m, o| {
+            let _ = out_tx.send((m.text.clone(), format!("{o:?}")));
+        })
+        .build()
+        .expect("bot");
+    let b = rec.bot("b", 2, Some(config(&h, LONG)));
+    a.intake().deliver(msg("chat", "long")).expect("deliver");
+    // Let the long handler start before the next message is queued.
+    while rec.texts("chat").is_empty() {
+        thread::yield_now();
+    }
+    b.intake().deliver(msg("chat", "next")).expect("deliver");
+    let (text, outcome) = recv(&out_rx, "the long handler's outcome");
+    assert_eq!(text, "long");
+    assert!(outcome.starts_with("Handled"), "{outcome}");
+    a.shutdown();
+    b.shutdown();
+    assert_eq!(rec.texts("chat"), ["start-long", "end-long", "next"]);
+}
+
+/// A holder whose lease expired and whose chat went to another replica releases: the
+/// new holder keeps its turn and the old one learns it had lost (backend level).
+pub fn stale_release_is_refused<H: Harness>() {
+    let ttl = Duration::from_millis(300);
+    let h = H::start(ttl);
+    let c = h.coordinator();
+    // The old holder talks to the backend directly and never renews: a paused process.
+    let paused: botmesh::ReplicaId = Arc::from("paused");
+    c.attach(&paused, Arc::new(|_: &str, _| {})).expect("attach");
+    let old = Ticket { replica: paused.clone(), seq: 1 };
+    let grant = match c
+        .enqueue(&EnqueueRequest { chat: "chat", ticket: &old, message_id: None, wait: LONG })
+        .expect("enqueue")
+    {
+        Enqueued::Granted(g) => g,
+        other => panic!("expected a grant, got {other:?}"),
+    };
+    let fresh = Replica::start("fresh", c.clone()).expect("start");
+    let turn = fresh.acquire("chat", LONG).expect("the expired lease frees the chat");
+    assert!(turn.fencing_token() > grant.token);
+    assert_eq!(turn.previous().map(|p| p.replica.to_string()), Some("paused".to_owned()));
+    let stale = HeldLease { chat: "chat", ticket: &old, token: grant.token };
+    assert_eq!(c.release(&stale, None).expect("release"), Released::Lost);
+    assert_eq!(c.renew(&paused, &[stale]).expect("renew"), vec![false]);
+    assert!(!turn.is_lost());
+    // The new holder still excludes others.
+    let other = Ticket { replica: paused.clone(), seq: 2 };
+    assert_eq!(
+        c.enqueue(&EnqueueRequest { chat: "chat", ticket: &other, message_id: None, wait: LONG })
+            .expect("enqueue"),
+        Enqueued::Queued
+    );
+    c.cancel(&Waiting { chat: "chat", ticket: &other }).expect("cancel");
+    turn.release().expect("the new holder's release succeeds");
+    fresh.shutdown();
+    c.detach(&paused).expect("detach");
+}
+
+/// A replica that loses its lease (its renewals fail for longer than the TTL) is told
+/// through `Turn::is_lost`, and its release reports `lost`.
+pub fn lost_lease_is_reported<H: Harness>() {
+    let ttl = Duration::from_millis(300);
+    let h = H::start(ttl);
+    let cut = Arc::new(AtomicBool::new(false));
+    let partitioned: Arc<dyn Coordinator> = Arc::new(Partition { inner: h.coordinator(), cut: cut.clone() });
+    let a = Replica::start("a", partitioned).expect("start");
+    let b = Replica::start("b", h.coordinator()).expect("start");
+    let turn = a.acquire("chat", LONG).expect("acquire");
+    cut.store(true, Ordering::SeqCst);
+    let next = b.acquire("chat", LONG).expect("b gets the chat after a's lease lapsed");
+    assert!(next.fencing_token() > turn.fencing_token());
+    let t0 = Instant::now();
+    while !turn.is_lost() {
+        assert!(t0.elapsed() < RECV, "a never learned it lost the turn");
+        thread::park_timeout(Duration::from_millis(10));
+    }
+    cut.store(false, Ordering::SeqCst);
+    let err = turn.release().expect_err("a stale release fails");
+    assert_eq!(err.reason, Reason::Lost);
+    assert!(!next.is_lost());
+    next.release().expect("b's release");
+    a.shutdown();
+    b.shutdown();
+}
+
+/// A coordinator wrapper whose renewals fail while `cut` is set: a replica cut off from
+/// the backend.
+struct Partition {
+    inner: Arc<dyn Coordinator>,
+    cut: Arc<AtomicBool>,
+}
+
+impl Coordinator for Partition {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn lease_ttl(&self) -> Duration {
+        self.inner.lease_ttl()
+    }
+    fn attach(&self, r: &botmesh::ReplicaId, s: botmesh::coordinator::GrantSink) -> Result<(), botmesh::coordinator::BackendError> {
+        self.inner.attach(r, s)
+    }
+    fn detach(&self, r: &botmesh::ReplicaId) -> Result<(), botmesh::coordinator::BackendError> {
+        self.inner.detach(r)
+    }
+    fn enqueue(&self, q: &EnqueueRequest<'_>) -> Result<Enqueued, botmesh::coordinator::BackendError> {
+        self.inner.enqueue(q)
+    }
+    fn poll(&self, w: &[Waiting<'_>]) -> Result<Vec<Option<botmesh::Grant>>, botmesh::coordinator::BackendError> {
+        self.inner.poll(w)
+    }
+    fn cancel(&self, w: &Waiting<'_>) -> Result<Option<botmesh::Grant>, botmesh::coordinator::BackendError> {
+        self.inner.cancel(w)
+    }
+    fn release(&self, l: &HeldLease<'_>, h: Option<&str>) -> Result<Released, botmesh::coordinator::BackendError> {
+        self.inner.release(l, h)
+    }
+    fn renew(&self, r: &botmesh::ReplicaId, l: &[HeldLease<'_>]) -> Result<Vec<bool>, botmesh::coordinator::BackendError> {
+        if self.cut.load(Ordering::SeqCst) {
+            return Err(botmesh::coordinator::BackendError::new("partitioned (test)"));
+        }
+        self.inner.renew(r, l)
+    }
+}
+
+/// The same message id reaching two replicas a few ms apart is handled once; the
+/// second delivery is reported as a duplicate.
+pub fn duplicate_across_replicas<H: Harness>() {
+    let h = H::start(Duration::from_secs(10));
+    let rec = Recorder::new();
+    let (out_tx, out_rx) = unbounded();
+    let mk = |id: &str| {
+        let rec = rec.clone();
+        let out_tx = out_tx.clone();
+        let id_owned = id.to_owned();
+        Bot::builder()
+            .id(id)
+            .coordination(config(&h, LONG))
+            .handler(move |ctx| {
+                rec.log.lock().unwrap().push((ctx.message().chat.clone(), ctx.message().text.clone(), 0, String::new()));
+                Ok(())
+            })
+            .on_outcome(move |m, o| {
+                let _ = out_tx.send((id_owned.clone(), m.text.clone(), matches!(o, Outcome::Duplicate)));
+            })
+            .build()
+            .expect("bot")
+    };
+    let a = mk("a");
+    let b = mk("b");
+    let m = Message::new("chat", "hello").with_id("update-7");
+    assert_eq!(a.intake().deliver(m.clone()).expect("deliver"), Accepted::Queued);
+    assert_eq!(b.intake().deliver(m.clone()).expect("deliver"), Accepted::Duplicate);
+    a.shutdown();
+    // Still a duplicate after the first was handled.
+    assert_eq!(b.intake().deliver(m).expect("deliver"), Accepted::Duplicate);
+    b.shutdown();
+    let outcomes: Vec<_> = out_rx.try_iter().collect();
+    assert_eq!(outcomes.iter().filter(|o| !o.2).count(), 1, "{outcomes:?}");
+    assert_eq!(outcomes.iter().filter(|o| o.2).count(), 2, "{outcomes:?}");
+    assert_eq!(rec.texts("chat"), ["hello"]);
+}
+
+/// A replica holding a chat crashes (no release): the chat comes free within the TTL
+/// plus one re-check, and the next holder's token is greater.
+pub fn crashed_holder_frees_chat<H: Harness>() {
+    let ttl = Duration::from_millis(400);
+    let h = H::start(ttl);
+    let a = Replica::start("a", h.coordinator()).expect("start");
+    let b = Replica::start("b", h.coordinator()).expect("start");
+    let turn = a.acquire("chat", LONG).expect("acquire");
+    let first = turn.fencing_token();
+    std::mem::forget(turn);
+    let t0 = Instant::now();
+    a.abort();
+    let next = b.acquire("chat", LONG).expect("the chat comes free");
+    let waited = t0.elapsed();
+    assert!(next.fencing_token() > first);
+    assert!(next.is_handover());
+    // Bound with slack for a loaded machine: TTL + one re-check (TTL/3) + scheduling.
+    assert!(waited < ttl * 4, "took {waited:?}");
+    next.release().expect("release");
+    b.shutdown();
+}
+
+/// A clean stop frees the replica's chats at once, not after the TTL.
+pub fn clean_stop_frees_at_once<H: Harness>() {
+    let h = H::start(Duration::from_secs(60));
+    let a = Replica::start("a", h.coordinator()).expect("start");
+    let b = Replica::start("b", h.coordinator()).expect("start");
+    let turn = a.acquire("chat", LONG).expect("acquire");
+    std::mem::forget(turn); // still held when `a` stops
+    let (tx, rx) = unbounded();
+    let waiter = thread::spawn(move || {
+        let t = b.acquire("chat", LONG);
+        let _ = tx.send(t.is_ok());
+        drop(t);
+        b.shutdown();
+    });
+    // The waiter may or may not be queued yet; either way it must get the chat long
+    // before the 60 s TTL.
+    a.shutdown();
+    assert!(recv(&rx, "b to get the chat"));
+    waiter.join().expect("waiter");
+}
+
+/// Chat ids are any UTF-8 string and never collide.
+pub fn any_chat_id<H: Harness>() {
+    let h = H::start(Duration::from_secs(10));
+    let r = Replica::start("r", h.coordinator()).expect("start");
+    let long = "x".repeat(4096);
+    let ids: Vec<String> = vec![
+        "{a}".into(), "{a}:b".into(), "{a}:".into(), ":b".into(), "a b".into(), "a\nb".into(),
+        "a\rb".into(), "ñandú 🦀".into(), "".into(), "{".into(), "}".into(), "a\0b".into(),
+        long.clone(), format!("{long}y"), "turn:a".into(), "a:turn".into(),
+    ];
+    // Hold every id at once: none may block another.
+    let turns: Vec<_> = ids
+        .iter()
+        .map(|id| r.acquire(id, Duration::from_secs(2)).unwrap_or_else(|e| panic!("{id:?}: {e}")))
+        .collect();
+    for (t, id) in turns.iter().zip(&ids) {
+        assert_eq!(t.chat(), id);
+    }
+    drop(turns);
+    r.shutdown();
+    assert_eq!(h.live_state(), 0);
+}
+
+/// Fencing tokens keep rising after a chat was idle and its state was dropped.
+pub fn tokens_rise_after_idle<H: Harness>() {
+    let h = H::start(Duration::from_secs(10));
+    let r = Replica::start("r", h.coordinator()).expect("start");
+    let t1 = r.acquire("chat", LONG).expect("acquire");
+    let first = t1.fencing_token();
+    t1.release().expect("release");
+    assert_eq!(h.live_state(), 0);
+    r.shutdown();
+    let r2 = Replica::start("r-restarted", h.coordinator()).expect("start");
+    let t2 = r2.acquire("chat", LONG).expect("acquire");
+    assert!(t2.fencing_token() > first);
+    drop(t2);
+    r2.shutdown();
+}
+
+/// A message waiting for a busy chat holds no worker: with W = 2 and one chat stuck
+/// behind a blocked handler, other chats still run.
+pub fn waiting_holds_no_worker<H: Harness>() {
+    let h = H::start(Duration::from_secs(10));
+    let rec = Recorder::new();
+    let bot = rec.bot("r", 2, Some(config(&h, LONG)));
+    let hold = rec.gate("stuck-0");
+    bot.intake().deliver(msg("stuck", "stuck-0")).expect("deliver");
+    recv(&rec.started_rx, "the stuck handler");
+    for i in 1..20 {
+        bot.intake().deliver(msg("stuck", &format!("stuck-{i}"))).expect("deliver");
+    }
+    for i in 0..100 {
+        bot.intake().deliver(msg(&format!("other-{i}"), &format!("o{i}"))).expect("deliver");
+    }
+    // All 100 other chats run on the one free worker while "stuck" waits.
+    for _ in 0..100 {
+        let t = recv(&rec.started_rx, "other chats to run");
+        assert!(t.starts_with('o'), "{t} ran while the chat was held");
+    }
+    drop(hold);
+    bot.shutdown();
+    let expected: Vec<String> = (0..20).map(|i| format!("stuck-{i}")).collect();
+    assert_eq!(rec.texts("stuck"), expected);
+}
+
+/// Runs the whole suite for a harness type.
+macro_rules! suite {
+    ($h:ty) => {
+        #[test]
+        fn exclusion_and_fencing() {
+            conformance::exclusion_and_fencing::<$h>();
+        }
+        #[test]
+        fn fifo_across_replicas() {
+            conformance::fifo_across_replicas::<$h>();
+        }
+        #[test]
+        fn timeout_keeps_order_behind() {
+            conformance::timeout_keeps_order_behind::<$h>();
+        }
+        #[test]
+        fn renewal_outlives_ttl() {
+            conformance::renewal_outlives_ttl::<$h>();
+        }
+        #[test]
+        fn stale_release_is_refused() {
+            conformance::stale_release_is_refused::<$h>();
+        }
+        #[test]
+        fn lost_lease_is_reported() {
+            conformance::lost_lease_is_reported::<$h>();
+        }
+        #[test]
+        fn duplicate_across_replicas() {
+            conformance::duplicate_across_replicas::<$h>();
+        }
+        #[test]
+        fn crashed_holder_frees_chat() {
+            conformance::crashed_holder_frees_chat::<$h>();
+        }
+        #[test]
+        fn clean_stop_frees_at_once() {
+            conformance::clean_stop_frees_at_once::<$h>();
+        }
+        #[test]
+        fn any_chat_id() {
+            conformance::any_chat_id::<$h>();
+        }
+        #[test]
+        fn tokens_rise_after_idle() {
+            conformance::tokens_rise_after_idle::<$h>();
+        }
+        #[test]
+        fn waiting_holds_no_worker() {
+            conformance::waiting_holds_no_worker::<$h>();
+        }
+    };
+}
+pub(crate) use suite;
