@@ -123,7 +123,10 @@ impl fmt::Display for Error {
                 message_id,
                 message,
             } => match message_id {
-                Some(id) => write!(f, "handler failed on message {id:?} of chat {chat:?}: {message}"),
+                Some(id) => write!(
+                    f,
+                    "handler failed on message {id:?} of chat {chat:?}: {message}"
+                ),
                 None => write!(f, "handler failed on a message of chat {chat:?}: {message}"),
             },
         }

@@ -60,7 +60,11 @@ fn renew_once(inner: &Arc<Inner>, last_ok: &mut Instant) {
             log::warn!(target: "botmesh::lease", "renewal failed: {e}");
             if last_ok.elapsed() > inner.ttl {
                 for state in &held {
-                    mark_lost(inner, state, "coordinator unreachable for longer than the TTL");
+                    mark_lost(
+                        inner,
+                        state,
+                        "coordinator unreachable for longer than the TTL",
+                    );
                 }
             }
         }

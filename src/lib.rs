@@ -67,8 +67,8 @@ pub mod runtime;
 pub mod turn;
 
 pub use config::{
-    ConfigError, CoordinationConfig, CoordinatorConfig, FallbackPolicy, FlowsPolicy, HandoverConfig,
-    MemoryOptions, ProviderSession,
+    ConfigError, CoordinationConfig, CoordinatorConfig, FallbackPolicy, FlowsPolicy,
+    HandoverConfig, MemoryOptions, ProviderSession,
 };
 pub use coordinator::{Coordinator, Grant, Previous, ReplicaId, Ticket, Token};
 pub use error::{CoordinationUnavailableError, Error, HandlerError, Reason};

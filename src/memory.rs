@@ -446,10 +446,7 @@ impl Coordinator for MemoryCoordinator {
                     None => None,
                 };
                 if let Some(id) = handled {
-                    if let Some(s) = shard
-                        .seen
-                        .get_mut(&(lease.chat.to_owned(), id.to_owned()))
-                    {
+                    if let Some(s) = shard.seen.get_mut(&(lease.chat.to_owned(), id.to_owned())) {
                         if s.claimed_by.as_ref() == Some(lease.ticket) {
                             s.claimed_by = None;
                         }
@@ -486,13 +483,13 @@ impl Coordinator for MemoryCoordinator {
                 .get_mut(lease.chat)
                 .and_then(|c| c.holder.as_mut())
             {
-                Some(h) if &h.ticket == lease.ticket && h.token == lease.token => {
-                    if h.lease_until >= now {
-                        h.lease_until = now + self.ttl;
-                        true
-                    } else {
-                        false
-                    }
+                Some(h)
+                    if &h.ticket == lease.ticket
+                        && h.token == lease.token
+                        && h.lease_until >= now =>
+                {
+                    h.lease_until = now + self.ttl;
+                    true
                 }
                 _ => false,
             };

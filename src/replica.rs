@@ -165,7 +165,11 @@ impl Replica {
     /// [`CoordinationUnavailableError`] with reason `timeout` when the wait ran out,
     /// `backend` when the coordinator could not be reached, `shutting_down` when the
     /// replica is stopping.
-    pub fn acquire(&self, chat: &str, wait: Duration) -> Result<Turn, CoordinationUnavailableError> {
+    pub fn acquire(
+        &self,
+        chat: &str,
+        wait: Duration,
+    ) -> Result<Turn, CoordinationUnavailableError> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let on_grant: OnGrant = Box::new(move |r| {
             // The receiver only goes away if the caller's thread died; nothing to do then.
@@ -206,7 +210,12 @@ impl Replica {
         }
         *self.inner.stop.lock() = true;
         self.inner.stop_cv.notify_all();
-        self.inner.deadlines_cv.notify_all();
+        {
+            // Notified under the heap's lock: the timer checks `stop` under this lock
+            // before it sleeps, so the wake-up cannot fall between check and sleep.
+            let _heap = self.inner.deadlines.lock();
+            self.inner.deadlines_cv.notify_all();
+        }
         for t in self.threads.drain(..) {
             if t.join().is_err() {
                 log::error!(target: "botmesh::replica", "a background thread panicked");
@@ -334,8 +343,10 @@ impl Inner {
                 inc(&self.metrics.backend_errors);
                 self.take_waiter(seq);
                 log::warn!(target: "botmesh::replica", "enqueue on chat {chat:?} failed: {e}");
-                Err(CoordinationUnavailableError::new(Reason::Backend, chat, message_id)
-                    .with_source(e))
+                Err(
+                    CoordinationUnavailableError::new(Reason::Backend, chat, message_id)
+                        .with_source(e),
+                )
             }
         }
     }
@@ -407,7 +418,11 @@ impl Inner {
         handled: Option<&str>,
     ) -> Result<(), CoordinationUnavailableError> {
         let lost_err = || {
-            CoordinationUnavailableError::new(Reason::Lost, &state.chat, state.message_id.as_deref())
+            CoordinationUnavailableError::new(
+                Reason::Lost,
+                &state.chat,
+                state.message_id.as_deref(),
+            )
         };
         if self.held.lock().remove(&state.ticket.seq).is_some() {
             dec(&self.metrics.held);
@@ -433,10 +448,12 @@ impl Inner {
             }
             Err(e) => {
                 inc(&self.metrics.backend_errors);
-                Err(
-                    CoordinationUnavailableError::new(Reason::Backend, &state.chat, state.message_id.as_deref())
-                        .with_source(e),
+                Err(CoordinationUnavailableError::new(
+                    Reason::Backend,
+                    &state.chat,
+                    state.message_id.as_deref(),
                 )
+                .with_source(e))
             }
         }
     }
@@ -532,14 +549,22 @@ impl Inner {
             Ok(Some(grant)) => self.grant_to(w, grant, true),
             Ok(None) => {
                 inc(&self.metrics.timed_out);
-                let err = CoordinationUnavailableError::new(Reason::Timeout, &w.chat, w.message_id.as_deref());
+                let err = CoordinationUnavailableError::new(
+                    Reason::Timeout,
+                    &w.chat,
+                    w.message_id.as_deref(),
+                );
                 log::warn!(target: "botmesh::replica", "{err}");
                 (w.on_grant)(Err(err));
             }
             Err(e) => {
                 inc(&self.metrics.backend_errors);
-                let err = CoordinationUnavailableError::new(Reason::Backend, &w.chat, w.message_id.as_deref())
-                    .with_source(e);
+                let err = CoordinationUnavailableError::new(
+                    Reason::Backend,
+                    &w.chat,
+                    w.message_id.as_deref(),
+                )
+                .with_source(e);
                 log::warn!(target: "botmesh::replica", "{err}");
                 (w.on_grant)(Err(err));
             }

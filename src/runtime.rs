@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::config::{CoordinationConfig, CoordinatorConfig};
+use crate::config::{ConfigError, CoordinationConfig, CoordinatorConfig};
 use crate::coordinator::{BackendError, Coordinator};
 use crate::error::{CoordinationUnavailableError, Error, HandlerError, Reason};
 use crate::memory::MemoryCoordinator;
@@ -95,7 +95,7 @@ impl Context<'_> {
 #[derive(Debug)]
 pub enum StartError {
     /// The configuration was refused; the text names the field and the value.
-    Config(String),
+    Config(ConfigError),
     /// The coordinator could not be reached.
     Backend(BackendError),
     /// A provider failed to start.
@@ -105,14 +105,22 @@ pub enum StartError {
 impl std::fmt::Display for StartError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            StartError::Config(m) => write!(f, "invalid bot configuration: {m}"),
+            StartError::Config(e) => e.fmt(f),
             StartError::Backend(e) => write!(f, "coordinator unavailable: {e}"),
             StartError::Provider(e) => write!(f, "provider failed to start: {e}"),
         }
     }
 }
 
-impl std::error::Error for StartError {}
+impl std::error::Error for StartError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StartError::Config(e) => Some(e),
+            StartError::Backend(e) => Some(e),
+            StartError::Provider(e) => Some(e),
+        }
+    }
+}
 
 /// Builds a [`Bot`].
 ///
@@ -222,13 +230,15 @@ impl BotBuilder {
     /// stopped again then).
     pub fn build(self) -> Result<Bot, StartError> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        let handler = self
-            .handler
-            .ok_or_else(|| StartError::Config("handler: missing; set one with .handler(…)".into()))?;
+        let handler = self.handler.ok_or_else(|| {
+            StartError::Config(ConfigError::new(
+                "handler: missing; set one with .handler(…)",
+            ))
+        })?;
         if self.workers == 0 {
-            return Err(StartError::Config(
-                "workers: 0 is not allowed; use at least 1".into(),
-            ));
+            return Err(StartError::Config(ConfigError::new(
+                "workers: 0 is not allowed; use at least 1",
+            )));
         }
         let id = self.id.unwrap_or_else(|| {
             format!(
@@ -238,18 +248,19 @@ impl BotBuilder {
             )
         });
         if id.is_empty() {
-            return Err(StartError::Config("id: \"\" is empty; give the replica a name".into()));
+            return Err(StartError::Config(ConfigError::new(
+                "id: \"\" is empty; give the replica a name",
+            )));
         }
         let metrics = Arc::new(Metrics::default());
         let (replica, turn_wait) = match &self.coordination {
             Some(config) => {
-                config
-                    .validate()
-                    .map_err(|e| StartError::Config(e.to_string()))?;
+                config.validate().map_err(StartError::Config)?;
                 let coordinator: Arc<dyn Coordinator> = match &config.coordinator {
-                    CoordinatorConfig::Memory(o) => {
-                        Arc::new(MemoryCoordinator::with_settings(o.lease_ttl, o.dedup_window))
-                    }
+                    CoordinatorConfig::Memory(o) => Arc::new(MemoryCoordinator::with_settings(
+                        o.lease_ttl,
+                        o.dedup_window,
+                    )),
                     CoordinatorConfig::Shared(c) => c.clone(),
                 };
                 let replica = Replica::start_with(id, coordinator, metrics.clone(), true)
@@ -513,7 +524,10 @@ struct Shared {
 }
 
 impl Shared {
-    fn deliver(self: &Arc<Self>, message: Message) -> Result<Accepted, CoordinationUnavailableError> {
+    fn deliver(
+        self: &Arc<Self>,
+        message: Message,
+    ) -> Result<Accepted, CoordinationUnavailableError> {
         {
             let mut s = self.sched.lock();
             if s.closed {
@@ -572,7 +586,11 @@ impl Shared {
 
     fn run(&self, message: &Message, turn: Turn) {
         if turn.is_lost() {
-            let e = CoordinationUnavailableError::new(Reason::Lost, &message.chat, message.id.as_deref());
+            let e = CoordinationUnavailableError::new(
+                Reason::Lost,
+                &message.chat,
+                message.id.as_deref(),
+            );
             drop(turn);
             return self.end(message, Outcome::Dropped(e));
         }

@@ -12,7 +12,10 @@ struct Memory(Arc<MemoryCoordinator>);
 
 impl conformance::Harness for Memory {
     fn start(ttl: Duration) -> Self {
-        Memory(Arc::new(MemoryCoordinator::with_settings(ttl, DEFAULT_DEDUP_WINDOW)))
+        Memory(Arc::new(MemoryCoordinator::with_settings(
+            ttl,
+            DEFAULT_DEDUP_WINDOW,
+        )))
     }
     fn coordinator(&self) -> Arc<dyn Coordinator> {
         self.0.clone()

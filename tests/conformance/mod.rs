@@ -32,6 +32,17 @@ pub trait Harness: Sized + 'static {
 }
 
 pub const LONG: Duration = Duration::from_secs(30);
+
+/// The suite's tests run one at a time: several of them are about a lease TTL running
+/// out (or not), and a CPU-heavy neighbour test on a 2-core machine could delay a
+/// renewal thread past a 300 ms TTL.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 const RECV: Duration = Duration::from_secs(20);
 
 fn config(h: &impl Harness, turn_wait: Duration) -> CoordinationConfig {
@@ -43,11 +54,14 @@ fn recv<T>(rx: &Receiver<T>, what: &str) -> T {
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
 }
 
+/// One handler start: (chat, text, fencing token, replica).
+type Entry = (String, String, u64, String);
+
 /// A handler that records (chat, text, token) in start order and can be made to block
 /// on chosen texts until the test lets it go.
 #[derive(Clone)]
 struct Recorder {
-    log: Arc<Mutex<Vec<(String, String, u64, String)>>>,
+    log: Arc<Mutex<Vec<Entry>>>,
     started: Sender<String>,
     started_rx: Receiver<String>,
     gates: Arc<Mutex<HashMap<String, Receiver<()>>>>,
@@ -142,15 +156,20 @@ pub fn exclusion_and_fencing<H: Harness>() {
         .map(|i| Arc::new(Replica::start(format!("r{i}"), h.coordinator()).expect("start")))
         .collect();
     let chats = ["a", "b", "c"];
-    let holders: Arc<Vec<AtomicBool>> = Arc::new(chats.iter().map(|_| AtomicBool::new(false)).collect());
+    let holders: Arc<Vec<AtomicBool>> =
+        Arc::new(chats.iter().map(|_| AtomicBool::new(false)).collect());
     let last: Arc<Vec<AtomicU64>> = Arc::new(chats.iter().map(|_| AtomicU64::new(0)).collect());
     let violations = Arc::new(AtomicUsize::new(0));
     let barrier = Arc::new(Barrier::new(16));
     let mut threads = Vec::new();
     for t in 0..16 {
         let r = replicas[t % 4].clone();
-        let (holders, last, violations, barrier) =
-            (holders.clone(), last.clone(), violations.clone(), barrier.clone());
+        let (holders, last, violations, barrier) = (
+            holders.clone(),
+            last.clone(),
+            violations.clone(),
+            barrier.clone(),
+        );
         threads.push(thread::spawn(move || {
             barrier.wait();
             for i in 0..200 {
@@ -186,12 +205,17 @@ pub fn fifo_across_replicas<H: Harness>() {
         .map(|i| rec.bot(&format!("r{i}"), 2, Some(config(&h, LONG))))
         .collect();
     let hold = rec.gate("m0");
-    bots[0].intake().deliver(msg("chat", "m0")).expect("deliver");
+    bots[0]
+        .intake()
+        .deliver(msg("chat", "m0"))
+        .expect("deliver");
     assert_eq!(recv(&rec.started_rx, "m0 to start"), "m0");
     for i in 1..=30 {
         let bot = &bots[i % 3];
         assert_eq!(
-            bot.intake().deliver(msg("chat", &format!("m{i}"))).expect("deliver"),
+            bot.intake()
+                .deliver(msg("chat", &format!("m{i}")))
+                .expect("deliver"),
             Accepted::Queued
         );
     }
@@ -213,19 +237,39 @@ pub fn timeout_keeps_order_behind<H: Harness>() {
     let rec = Recorder::new();
     let (err_tx, err_rx) = unbounded();
     let holder = rec.bot("holder", 2, Some(config(&h, LONG)));
-    let impatient = rec.bot_with("impatient", 2, Some(config(&h, Duration::from_millis(200))), move |e| {
-        let _ = err_tx.send(format!("{e:?}"));
-    });
+    let impatient = rec.bot_with(
+        "impatient",
+        2,
+        Some(config(&h, Duration::from_millis(200))),
+        move |e| {
+            let _ = err_tx.send(format!("{e:?}"));
+        },
+    );
     let patient = rec.bot("patient", 2, Some(config(&h, LONG)));
     let hold = rec.gate("m0");
     holder.intake().deliver(msg("chat", "m0")).expect("deliver");
     recv(&rec.started_rx, "m0 to start");
-    patient.intake().deliver(msg("chat", "m1")).expect("deliver");
-    impatient.intake().deliver(msg("chat", "m2")).expect("deliver");
-    patient.intake().deliver(msg("chat", "m3")).expect("deliver");
-    patient.intake().deliver(msg("chat", "m4")).expect("deliver");
+    patient
+        .intake()
+        .deliver(msg("chat", "m1"))
+        .expect("deliver");
+    impatient
+        .intake()
+        .deliver(msg("chat", "m2"))
+        .expect("deliver");
+    patient
+        .intake()
+        .deliver(msg("chat", "m3"))
+        .expect("deliver");
+    patient
+        .intake()
+        .deliver(msg("chat", "m4"))
+        .expect("deliver");
     let reported = recv(&err_rx, "the timeout report");
-    assert!(reported.contains("Timeout") && reported.contains("m2"), "{reported}");
+    assert!(
+        reported.contains("Timeout") && reported.contains("m2"),
+        "{reported}"
+    );
     drop(hold);
     for bot in [holder, impatient, patient] {
         bot.shutdown();
@@ -247,13 +291,23 @@ pub fn renewal_outlives_ttl<H: Harness>() {
             let rec = rec.clone();
             move |ctx| {
                 let t0 = Instant::now();
-                rec.log.lock().unwrap().push((ctx.message().chat.clone(), "start-long".into(), 0, String::new()));
+                rec.log.lock().unwrap().push((
+                    ctx.message().chat.clone(),
+                    "start-long".into(),
+                    0,
+                    String::new(),
+                ));
                 // The handler really runs for 1 s, more than three TTLs.
                 while t0.elapsed() < Duration::from_secs(1) {
                     thread::park_timeout(Duration::from_millis(50));
                 }
                 assert!(!ctx.turn().is_lost());
-                rec.log.lock().unwrap().push((ctx.message().chat.clone(), "end-long".into(), 0, String::new()));
+                rec.log.lock().unwrap().push((
+                    ctx.message().chat.clone(),
+                    "end-long".into(),
+                    0,
+                    String::new(),
+                ));
                 Ok(())
             }
         })
@@ -285,31 +339,61 @@ pub fn stale_release_is_refused<H: Harness>() {
     let c = h.coordinator();
     // The old holder talks to the backend directly and never renews: a paused process.
     let paused: botmesh::ReplicaId = Arc::from("paused");
-    c.attach(&paused, Arc::new(|_: &str, _| {})).expect("attach");
-    let old = Ticket { replica: paused.clone(), seq: 1 };
+    c.attach(&paused, Arc::new(|_: &str, _| {}))
+        .expect("attach");
+    let old = Ticket {
+        replica: paused.clone(),
+        seq: 1,
+    };
     let grant = match c
-        .enqueue(&EnqueueRequest { chat: "chat", ticket: &old, message_id: None, wait: LONG })
+        .enqueue(&EnqueueRequest {
+            chat: "chat",
+            ticket: &old,
+            message_id: None,
+            wait: LONG,
+        })
         .expect("enqueue")
     {
         Enqueued::Granted(g) => g,
         other => panic!("expected a grant, got {other:?}"),
     };
     let fresh = Replica::start("fresh", c.clone()).expect("start");
-    let turn = fresh.acquire("chat", LONG).expect("the expired lease frees the chat");
+    let turn = fresh
+        .acquire("chat", LONG)
+        .expect("the expired lease frees the chat");
     assert!(turn.fencing_token() > grant.token);
-    assert_eq!(turn.previous().map(|p| p.replica.to_string()), Some("paused".to_owned()));
-    let stale = HeldLease { chat: "chat", ticket: &old, token: grant.token };
+    assert_eq!(
+        turn.previous().map(|p| p.replica.to_string()),
+        Some("paused".to_owned())
+    );
+    let stale = HeldLease {
+        chat: "chat",
+        ticket: &old,
+        token: grant.token,
+    };
     assert_eq!(c.release(&stale, None).expect("release"), Released::Lost);
     assert_eq!(c.renew(&paused, &[stale]).expect("renew"), vec![false]);
     assert!(!turn.is_lost());
     // The new holder still excludes others.
-    let other = Ticket { replica: paused.clone(), seq: 2 };
+    let other = Ticket {
+        replica: paused.clone(),
+        seq: 2,
+    };
     assert_eq!(
-        c.enqueue(&EnqueueRequest { chat: "chat", ticket: &other, message_id: None, wait: LONG })
-            .expect("enqueue"),
+        c.enqueue(&EnqueueRequest {
+            chat: "chat",
+            ticket: &other,
+            message_id: None,
+            wait: LONG
+        })
+        .expect("enqueue"),
         Enqueued::Queued
     );
-    c.cancel(&Waiting { chat: "chat", ticket: &other }).expect("cancel");
+    c.cancel(&Waiting {
+        chat: "chat",
+        ticket: &other,
+    })
+    .expect("cancel");
     turn.release().expect("the new holder's release succeeds");
     fresh.shutdown();
     c.detach(&paused).expect("detach");
@@ -321,12 +405,17 @@ pub fn lost_lease_is_reported<H: Harness>() {
     let ttl = Duration::from_millis(300);
     let h = H::start(ttl);
     let cut = Arc::new(AtomicBool::new(false));
-    let partitioned: Arc<dyn Coordinator> = Arc::new(Partition { inner: h.coordinator(), cut: cut.clone() });
+    let partitioned: Arc<dyn Coordinator> = Arc::new(Partition {
+        inner: h.coordinator(),
+        cut: cut.clone(),
+    });
     let a = Replica::start("a", partitioned).expect("start");
     let b = Replica::start("b", h.coordinator()).expect("start");
     let turn = a.acquire("chat", LONG).expect("acquire");
     cut.store(true, Ordering::SeqCst);
-    let next = b.acquire("chat", LONG).expect("b gets the chat after a's lease lapsed");
+    let next = b
+        .acquire("chat", LONG)
+        .expect("b gets the chat after a's lease lapsed");
     assert!(next.fencing_token() > turn.fencing_token());
     let t0 = Instant::now();
     while !turn.is_lost() {
@@ -356,27 +445,50 @@ impl Coordinator for Partition {
     fn lease_ttl(&self) -> Duration {
         self.inner.lease_ttl()
     }
-    fn attach(&self, r: &botmesh::ReplicaId, s: botmesh::coordinator::GrantSink) -> Result<(), botmesh::coordinator::BackendError> {
+    fn attach(
+        &self,
+        r: &botmesh::ReplicaId,
+        s: botmesh::coordinator::GrantSink,
+    ) -> Result<(), botmesh::coordinator::BackendError> {
         self.inner.attach(r, s)
     }
     fn detach(&self, r: &botmesh::ReplicaId) -> Result<(), botmesh::coordinator::BackendError> {
         self.inner.detach(r)
     }
-    fn enqueue(&self, q: &EnqueueRequest<'_>) -> Result<Enqueued, botmesh::coordinator::BackendError> {
+    fn enqueue(
+        &self,
+        q: &EnqueueRequest<'_>,
+    ) -> Result<Enqueued, botmesh::coordinator::BackendError> {
         self.inner.enqueue(q)
     }
-    fn poll(&self, w: &[Waiting<'_>]) -> Result<Vec<Option<botmesh::Grant>>, botmesh::coordinator::BackendError> {
+    fn poll(
+        &self,
+        w: &[Waiting<'_>],
+    ) -> Result<Vec<Option<botmesh::Grant>>, botmesh::coordinator::BackendError> {
         self.inner.poll(w)
     }
-    fn cancel(&self, w: &Waiting<'_>) -> Result<Option<botmesh::Grant>, botmesh::coordinator::BackendError> {
+    fn cancel(
+        &self,
+        w: &Waiting<'_>,
+    ) -> Result<Option<botmesh::Grant>, botmesh::coordinator::BackendError> {
         self.inner.cancel(w)
     }
-    fn release(&self, l: &HeldLease<'_>, h: Option<&str>) -> Result<Released, botmesh::coordinator::BackendError> {
+    fn release(
+        &self,
+        l: &HeldLease<'_>,
+        h: Option<&str>,
+    ) -> Result<Released, botmesh::coordinator::BackendError> {
         self.inner.release(l, h)
     }
-    fn renew(&self, r: &botmesh::ReplicaId, l: &[HeldLease<'_>]) -> Result<Vec<bool>, botmesh::coordinator::BackendError> {
+    fn renew(
+        &self,
+        r: &botmesh::ReplicaId,
+        l: &[HeldLease<'_>],
+    ) -> Result<Vec<bool>, botmesh::coordinator::BackendError> {
         if self.cut.load(Ordering::SeqCst) {
-            return Err(botmesh::coordinator::BackendError::new("partitioned (test)"));
+            return Err(botmesh::coordinator::BackendError::new(
+                "partitioned (test)",
+            ));
         }
         self.inner.renew(r, l)
     }
@@ -396,11 +508,20 @@ pub fn duplicate_across_replicas<H: Harness>() {
             .id(id)
             .coordination(config(&h, LONG))
             .handler(move |ctx| {
-                rec.log.lock().unwrap().push((ctx.message().chat.clone(), ctx.message().text.clone(), 0, String::new()));
+                rec.log.lock().unwrap().push((
+                    ctx.message().chat.clone(),
+                    ctx.message().text.clone(),
+                    0,
+                    String::new(),
+                ));
                 Ok(())
             })
             .on_outcome(move |m, o| {
-                let _ = out_tx.send((id_owned.clone(), m.text.clone(), matches!(o, Outcome::Duplicate)));
+                let _ = out_tx.send((
+                    id_owned.clone(),
+                    m.text.clone(),
+                    matches!(o, Outcome::Duplicate),
+                ));
             })
             .build()
             .expect("bot")
@@ -408,8 +529,14 @@ pub fn duplicate_across_replicas<H: Harness>() {
     let a = mk("a");
     let b = mk("b");
     let m = Message::new("chat", "hello").with_id("update-7");
-    assert_eq!(a.intake().deliver(m.clone()).expect("deliver"), Accepted::Queued);
-    assert_eq!(b.intake().deliver(m.clone()).expect("deliver"), Accepted::Duplicate);
+    assert_eq!(
+        a.intake().deliver(m.clone()).expect("deliver"),
+        Accepted::Queued
+    );
+    assert_eq!(
+        b.intake().deliver(m.clone()).expect("deliver"),
+        Accepted::Duplicate
+    );
     a.shutdown();
     // Still a duplicate after the first was handled.
     assert_eq!(b.intake().deliver(m).expect("deliver"), Accepted::Duplicate);
@@ -469,14 +596,30 @@ pub fn any_chat_id<H: Harness>() {
     let r = Replica::start("r", h.coordinator()).expect("start");
     let long = "x".repeat(4096);
     let ids: Vec<String> = vec![
-        "{a}".into(), "{a}:b".into(), "{a}:".into(), ":b".into(), "a b".into(), "a\nb".into(),
-        "a\rb".into(), "ñandú 🦀".into(), "".into(), "{".into(), "}".into(), "a\0b".into(),
-        long.clone(), format!("{long}y"), "turn:a".into(), "a:turn".into(),
+        "{a}".into(),
+        "{a}:b".into(),
+        "{a}:".into(),
+        ":b".into(),
+        "a b".into(),
+        "a\nb".into(),
+        "a\rb".into(),
+        "ñandú 🦀".into(),
+        "".into(),
+        "{".into(),
+        "}".into(),
+        "a\0b".into(),
+        long.clone(),
+        format!("{long}y"),
+        "turn:a".into(),
+        "a:turn".into(),
     ];
     // Hold every id at once: none may block another.
     let turns: Vec<_> = ids
         .iter()
-        .map(|id| r.acquire(id, Duration::from_secs(2)).unwrap_or_else(|e| panic!("{id:?}: {e}")))
+        .map(|id| {
+            r.acquire(id, Duration::from_secs(2))
+                .unwrap_or_else(|e| panic!("{id:?}: {e}"))
+        })
         .collect();
     for (t, id) in turns.iter().zip(&ids) {
         assert_eq!(t.chat(), id);
@@ -509,13 +652,19 @@ pub fn waiting_holds_no_worker<H: Harness>() {
     let rec = Recorder::new();
     let bot = rec.bot("r", 2, Some(config(&h, LONG)));
     let hold = rec.gate("stuck-0");
-    bot.intake().deliver(msg("stuck", "stuck-0")).expect("deliver");
+    bot.intake()
+        .deliver(msg("stuck", "stuck-0"))
+        .expect("deliver");
     recv(&rec.started_rx, "the stuck handler");
     for i in 1..20 {
-        bot.intake().deliver(msg("stuck", &format!("stuck-{i}"))).expect("deliver");
+        bot.intake()
+            .deliver(msg("stuck", &format!("stuck-{i}")))
+            .expect("deliver");
     }
     for i in 0..100 {
-        bot.intake().deliver(msg(&format!("other-{i}"), &format!("o{i}"))).expect("deliver");
+        bot.intake()
+            .deliver(msg(&format!("other-{i}"), &format!("o{i}")))
+            .expect("deliver");
     }
     // All 100 other chats run on the one free worker while "stuck" waits.
     for _ in 0..100 {
@@ -533,50 +682,62 @@ macro_rules! suite {
     ($h:ty) => {
         #[test]
         fn exclusion_and_fencing() {
+            let _serial = conformance::serial();
             conformance::exclusion_and_fencing::<$h>();
         }
         #[test]
         fn fifo_across_replicas() {
+            let _serial = conformance::serial();
             conformance::fifo_across_replicas::<$h>();
         }
         #[test]
         fn timeout_keeps_order_behind() {
+            let _serial = conformance::serial();
             conformance::timeout_keeps_order_behind::<$h>();
         }
         #[test]
         fn renewal_outlives_ttl() {
+            let _serial = conformance::serial();
             conformance::renewal_outlives_ttl::<$h>();
         }
         #[test]
         fn stale_release_is_refused() {
+            let _serial = conformance::serial();
             conformance::stale_release_is_refused::<$h>();
         }
         #[test]
         fn lost_lease_is_reported() {
+            let _serial = conformance::serial();
             conformance::lost_lease_is_reported::<$h>();
         }
         #[test]
         fn duplicate_across_replicas() {
+            let _serial = conformance::serial();
             conformance::duplicate_across_replicas::<$h>();
         }
         #[test]
         fn crashed_holder_frees_chat() {
+            let _serial = conformance::serial();
             conformance::crashed_holder_frees_chat::<$h>();
         }
         #[test]
         fn clean_stop_frees_at_once() {
+            let _serial = conformance::serial();
             conformance::clean_stop_frees_at_once::<$h>();
         }
         #[test]
         fn any_chat_id() {
+            let _serial = conformance::serial();
             conformance::any_chat_id::<$h>();
         }
         #[test]
         fn tokens_rise_after_idle() {
+            let _serial = conformance::serial();
             conformance::tokens_rise_after_idle::<$h>();
         }
         #[test]
         fn waiting_holds_no_worker() {
+            let _serial = conformance::serial();
             conformance::waiting_holds_no_worker::<$h>();
         }
     };
