@@ -30,6 +30,9 @@ const SHARDS: usize = 32;
 /// Durations are clamped here so that `Instant + d` cannot overflow (about 100 years).
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
+/// How long an idle chat's last holder is remembered (for [`Grant::previous`]).
+pub const HISTORY: Duration = Duration::from_secs(3600);
+
 /// The default lease TTL: 10 s.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 /// The default duplicate-suppression window: 10 min.
@@ -52,6 +55,7 @@ pub const DEFAULT_DEDUP_WINDOW: Duration = Duration::from_secs(600);
 pub struct MemoryCoordinator {
     ttl: Duration,
     dedup_window: Duration,
+    history: Duration,
     shards: Box<[Mutex<Shard>]>,
     replicas: RwLock<HashMap<ReplicaId, ReplicaEntry>>,
     last_token: AtomicU64,
@@ -68,6 +72,9 @@ struct Shard {
     seen: HashMap<(String, String), Seen>,
     /// Claims in the order they were made, so expired ones are purged from the front.
     seen_order: VecDeque<(Instant, (String, String))>,
+    /// The last holder of chats that went idle, until it expires.
+    last: HashMap<String, (Previous, Instant)>,
+    last_order: VecDeque<(Instant, String)>,
 }
 
 #[derive(Default)]
@@ -125,6 +132,7 @@ impl MemoryCoordinator {
         MemoryCoordinator {
             ttl: lease_ttl.min(FOREVER),
             dedup_window: dedup_window.min(FOREVER),
+            history: HISTORY,
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             replicas: RwLock::new(HashMap::new()),
             last_token: AtomicU64::new(0),
@@ -149,10 +157,11 @@ impl MemoryCoordinator {
     }
 
     fn alive(&self, replica: &ReplicaId, now: Instant) -> bool {
-        self.replicas
-            .read()
-            .get(replica)
-            .is_some_and(|r| r.alive_until >= now)
+        self.alive_until(replica).is_some_and(|t| t >= now)
+    }
+
+    fn alive_until(&self, replica: &ReplicaId) -> Option<Instant> {
+        self.replicas.read().get(replica).map(|r| r.alive_until)
     }
 
     /// Moves a chat on: an expired holder is dropped, and a free chat is granted to
@@ -170,7 +179,10 @@ impl MemoryCoordinator {
             chat.holder = None;
         }
         while let Some(q) = chat.queue.pop_front() {
-            if q.deadline < now || !self.alive(&q.ticket.replica, now) {
+            let Some(alive_until) = self.alive_until(&q.ticket.replica) else {
+                continue; // detached
+            };
+            if q.deadline < now || alive_until < now {
                 continue;
             }
             let token = self.last_token.fetch_add(1, Ordering::Relaxed) + 1;
@@ -178,7 +190,10 @@ impl MemoryCoordinator {
             chat.holder = Some(Holder {
                 ticket: q.ticket.clone(),
                 token,
-                lease_until: now + self.ttl,
+                // A grant to a replica that stopped renewing lapses with its liveness,
+                // so a crashed replica's queued tickets cost the others at most one TTL
+                // in all, not one TTL each.
+                lease_until: (now + self.ttl).min(alive_until),
                 previous: previous.clone(),
             });
             return Some(Grant {
@@ -218,13 +233,33 @@ impl MemoryCoordinator {
     }
 }
 
-fn drop_if_idle(shard: &mut Shard, chat: &str) {
-    if shard
+/// Drops the state of a chat nobody holds or waits for, keeping only who held it last,
+/// for `history` (like a Redis key with a TTL), so the next grant can still name the
+/// previous holder.
+fn drop_if_idle(shard: &mut Shard, chat: &str, now: Instant, history: Duration) {
+    if !shard
         .chats
         .get(chat)
         .is_some_and(|c| c.holder.is_none() && c.queue.is_empty())
     {
-        shard.chats.remove(chat);
+        return;
+    }
+    if let Some(state) = shard.chats.remove(chat) {
+        if let Some(previous) = state.previous {
+            let expires = now + history;
+            shard.last.insert(chat.to_owned(), (previous, expires));
+            shard.last_order.push_back((expires, chat.to_owned()));
+        }
+    }
+    while let Some((expires, _)) = shard.last_order.front() {
+        if *expires >= now {
+            break;
+        }
+        if let Some((_, key)) = shard.last_order.pop_front() {
+            if shard.last.get(&key).is_some_and(|l| l.1 < now) {
+                shard.last.remove(&key);
+            }
+        }
     }
 }
 
@@ -294,7 +329,7 @@ impl Coordinator for MemoryCoordinator {
                 touched.push(id.clone());
             }
             for id in touched {
-                drop_if_idle(&mut shard, &id);
+                drop_if_idle(&mut shard, &id, now, self.history);
             }
         }
         self.push(pushes);
@@ -334,7 +369,23 @@ impl Coordinator for MemoryCoordinator {
                 );
                 shard.seen_order.push_back((expires, key));
             }
-            let chat = shard.chats.entry(req.chat.to_owned()).or_default();
+            if !shard.chats.contains_key(req.chat) {
+                let previous = shard
+                    .last
+                    .remove(req.chat)
+                    .filter(|l| l.1 >= now)
+                    .map(|l| l.0);
+                shard.chats.insert(
+                    req.chat.to_owned(),
+                    ChatState {
+                        previous,
+                        ..ChatState::default()
+                    },
+                );
+            }
+            let Some(chat) = shard.chats.get_mut(req.chat) else {
+                return Err(BackendError::new("chat state vanished under its lock"));
+            };
             chat.queue.push_back(Queued {
                 ticket: req.ticket.clone(),
                 deadline: now + req.wait.min(FOREVER),
@@ -374,7 +425,7 @@ impl Coordinator for MemoryCoordinator {
                 .filter(|h| &h.ticket == w.ticket)
                 .map(grant_of);
             out.push(mine);
-            drop_if_idle(&mut shard, w.chat);
+            drop_if_idle(&mut shard, w.chat, now, self.history);
         }
         self.push(pushes);
         Ok(out)
@@ -408,7 +459,7 @@ impl Coordinator for MemoryCoordinator {
                     .seen
                     .retain(|_, s| s.claimed_by.as_ref() != Some(w.ticket));
             }
-            drop_if_idle(shard, w.chat);
+            drop_if_idle(shard, w.chat, now, self.history);
             result
         };
         self.push(pushes);
@@ -459,7 +510,7 @@ impl Coordinator for MemoryCoordinator {
                 }
                 Released::Lost
             };
-            drop_if_idle(shard, lease.chat);
+            drop_if_idle(shard, lease.chat, now, self.history);
             result
         };
         self.push(pushes);

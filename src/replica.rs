@@ -73,6 +73,7 @@ pub(crate) struct Inner {
 pub struct Replica {
     pub(crate) inner: Arc<Inner>,
     threads: Vec<JoinHandle<()>>,
+    stopped: bool,
 }
 
 impl std::fmt::Debug for Replica {
@@ -145,7 +146,11 @@ impl Replica {
                 Box::new(move || b.timer_loop()),
             )?);
         }
-        Ok(Replica { inner, threads })
+        Ok(Replica {
+            inner,
+            threads,
+            stopped: false,
+        })
     }
 
     /// This replica's id.
@@ -199,14 +204,57 @@ impl Replica {
         self.stop(ABORTED);
     }
 
+    /// First phase of a clean stop: refuse new tickets and end every waiting one with
+    /// `shutting_down` (taking it out of its queue). Held turns and the renewal thread
+    /// are untouched, so handlers still running keep their leases.
+    pub(crate) fn cancel_waiters(&self) {
+        let _ = self.inner.state.compare_exchange(
+            RUNNING,
+            STOPPING,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        let seqs: Vec<u64> = self.inner.waiting.lock().keys().copied().collect();
+        for seq in seqs {
+            // `take_waiter` makes this exactly-once against a grant or the timer.
+            let Some(w) = self.inner.take_waiter(seq) else {
+                continue;
+            };
+            let ticket = self.inner.ticket(seq);
+            let waiting = Waiting {
+                chat: &w.chat,
+                ticket: &ticket,
+            };
+            match self.inner.coordinator.cancel(&waiting) {
+                Ok(Some(grant)) => {
+                    // Granted meanwhile: it may as well run.
+                    self.inner.grant_to(w, grant, true);
+                    continue;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    inc(&self.inner.metrics.backend_errors);
+                    log::warn!(target: "botmesh::replica", "cancel at shutdown failed: {e}");
+                }
+            }
+            inc(&self.inner.metrics.shutting_down);
+            (w.on_grant)(Err(CoordinationUnavailableError::new(
+                Reason::ShuttingDown,
+                &w.chat,
+                w.message_id.as_deref(),
+            )));
+        }
+    }
+
     fn stop(&mut self, how: u8) {
-        if self
-            .inner
-            .state
-            .compare_exchange(RUNNING, how, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
+        if self.stopped {
             return;
+        }
+        self.stopped = true;
+        if how == ABORTED {
+            self.inner.state.store(ABORTED, Ordering::Release);
+        } else {
+            self.cancel_waiters();
         }
         *self.inner.stop.lock() = true;
         self.inner.stop_cv.notify_all();
@@ -226,29 +274,6 @@ impl Replica {
             self.inner.waiting.lock().clear();
             self.inner.held.lock().clear();
             return;
-        }
-        let waiters: Vec<(u64, Waiter)> = self.inner.waiting.lock().drain().collect();
-        for (seq, w) in waiters {
-            dec(&self.inner.metrics.waiting);
-            let ticket = self.inner.ticket(seq);
-            let waiting = Waiting {
-                chat: &w.chat,
-                ticket: &ticket,
-            };
-            if let Ok(Some(grant)) = self.inner.coordinator.cancel(&waiting) {
-                let lease = crate::coordinator::HeldLease {
-                    chat: &w.chat,
-                    ticket: &ticket,
-                    token: grant.token,
-                };
-                let _ = self.inner.coordinator.release(&lease, None);
-            }
-            inc(&self.inner.metrics.shutting_down);
-            (w.on_grant)(Err(CoordinationUnavailableError::new(
-                Reason::ShuttingDown,
-                &w.chat,
-                w.message_id.as_deref(),
-            )));
         }
         if let Err(e) = self.inner.coordinator.detach(&self.inner.id) {
             log::warn!(target: "botmesh::replica", "detach of replica {} failed: {e}", self.inner.id);

@@ -434,16 +434,24 @@ impl Bot {
         self.drain(Some(grace));
     }
 
-    /// A simulated crash: the workers and the renewal thread stop, nothing is
-    /// released or reported, and messages not yet ended are lost with the replica
-    /// (their turns expire after the TTL). For tests of replica failure.
+    /// A simulated crash: the renewal thread stops, nothing is released or reported,
+    /// and messages not yet ended are lost with the replica (its turns lapse within the
+    /// TTL). Workers exit once their current handler returns; `abort` does not wait for
+    /// them. For tests of replica failure.
     pub fn abort(mut self) {
         self.stop_providers();
         if let Some(r) = self.replica.take() {
             r.abort();
         }
-        self.shared.sched.lock().ready.clear();
-        self.stop_workers();
+        {
+            let mut s = self.shared.sched.lock();
+            s.ready.clear();
+            s.stopping = true;
+        }
+        self.shared.work_cv.notify_all();
+        // Not joined: a worker stuck in a handler would block the "crash". Each one
+        // exits when its handler returns.
+        self.workers.clear();
     }
 
     fn drain(&mut self, grace: Option<Duration>) {
@@ -463,10 +471,10 @@ impl Bot {
                 }
             }
         }
-        // Waiters still queued are reported `shutting_down` by the replica's stop, and
-        // their callbacks end them here; ready messages still run on the workers.
-        if let Some(r) = self.replica.take() {
-            r.shutdown();
+        if let Some(r) = &self.replica {
+            // Messages still waiting end as `shutting_down`; those running or ready
+            // finish below while the renewal thread still keeps their leases.
+            r.cancel_waiters();
         }
         {
             let mut s = self.shared.sched.lock();
@@ -475,6 +483,9 @@ impl Bot {
             }
         }
         self.stop_workers();
+        if let Some(r) = self.replica.take() {
+            r.shutdown();
+        }
     }
 
     fn stop_providers(&mut self) {
@@ -633,24 +644,32 @@ impl Shared {
                     message: text.clone(),
                 };
                 log::error!(target: "botmesh::runtime", "{e}");
-                if let Some(hook) = &self.on_error {
-                    hook(&e);
-                }
+                self.call_error_hook(&e);
             }
             Outcome::Dropped(e) => {
                 log::warn!(target: "botmesh::runtime", "{e}");
-                if let Some(hook) = &self.on_error {
-                    hook(&Error::Coordination(e.clone()));
-                }
+                self.call_error_hook(&Error::Coordination(e.clone()));
             }
             Outcome::Duplicate => {
                 log::debug!(target: "botmesh::runtime", "duplicate message {:?} of chat {:?} skipped", message.id, message.chat);
             }
         }
         if let Some(hook) = &self.on_outcome {
-            hook(message, &outcome);
+            // A panicking hook must not lose the message's end: the in-flight count
+            // would never reach zero and shutdown would hang.
+            if catch_unwind(AssertUnwindSafe(|| hook(message, &outcome))).is_err() {
+                log::error!(target: "botmesh::runtime", "the outcome hook panicked");
+            }
         }
         self.finish();
+    }
+
+    fn call_error_hook(&self, e: &Error) {
+        if let Some(hook) = &self.on_error {
+            if catch_unwind(AssertUnwindSafe(|| hook(e))).is_err() {
+                log::error!(target: "botmesh::runtime", "the error hook panicked");
+            }
+        }
     }
 
     fn finish(&self) {

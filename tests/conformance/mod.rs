@@ -569,6 +569,36 @@ pub fn crashed_holder_frees_chat<H: Harness>() {
     b.shutdown();
 }
 
+/// A crashed replica's tickets queued ahead of another replica's are skipped: the
+/// other replica's message runs within about one TTL of the crash, not one TTL per
+/// dead ticket.
+pub fn crashed_replica_queue_is_skipped<H: Harness>() {
+    let ttl = Duration::from_millis(400);
+    let h = H::start(ttl);
+    let rec = Recorder::new();
+    let a = rec.bot("a", 1, Some(config(&h, LONG)));
+    let b = rec.bot("b", 1, Some(config(&h, LONG)));
+    let hold = rec.gate("a0");
+    a.intake().deliver(msg("chat", "a0")).expect("deliver");
+    recv(&rec.started_rx, "a0 to start");
+    for i in 1..=6 {
+        a.intake()
+            .deliver(msg("chat", &format!("a{i}")))
+            .expect("deliver");
+    }
+    b.intake().deliver(msg("chat", "b0")).expect("deliver");
+    let t0 = Instant::now();
+    a.abort();
+    assert_eq!(recv(&rec.started_rx, "b0 to start"), "b0");
+    let waited = t0.elapsed();
+    // TTL for the liveness to lapse + one re-check (TTL/3) + slack for a busy machine;
+    // one TTL per dead ticket would be 7 × 400 ms.
+    assert!(waited < ttl * 4, "b0 waited {waited:?}");
+    drop(hold);
+    b.shutdown();
+    assert_eq!(rec.texts("chat"), ["a0", "b0"]);
+}
+
 /// A clean stop frees the replica's chats at once, not after the TTL.
 pub fn clean_stop_frees_at_once<H: Harness>() {
     let h = H::start(Duration::from_secs(60));
@@ -719,6 +749,11 @@ macro_rules! suite {
         fn crashed_holder_frees_chat() {
             let _serial = conformance::serial();
             conformance::crashed_holder_frees_chat::<$h>();
+        }
+        #[test]
+        fn crashed_replica_queue_is_skipped() {
+            let _serial = conformance::serial();
+            conformance::crashed_replica_queue_is_skipped::<$h>();
         }
         #[test]
         fn clean_stop_frees_at_once() {
