@@ -119,6 +119,9 @@ pub struct Waiting<'a> {
     pub chat: &'a str,
     /// The waiting ticket.
     pub ticket: &'a Ticket,
+    /// The message id the ticket claimed at enqueue, if any; a cancelled ticket gives
+    /// its claim up so a redelivery of the message can run.
+    pub message_id: Option<&'a str>,
 }
 
 /// The answer to [`Coordinator::release`].
@@ -185,11 +188,13 @@ pub trait Coordinator: Send + Sync + 'static {
     fn attach(&self, replica: &ReplicaId, sink: GrantSink) -> Result<(), BackendError>;
 
     /// A clean stop: releases every lease the replica holds (handing each chat to its
-    /// next waiter), removes its queued tickets and forgets its sink.
+    /// next waiter), removes its queued tickets and forgets its sink. `held` lists the
+    /// leases the replica knows it holds (a backend that cannot find a replica's
+    /// leases by itself, like one sharded by chat, releases those).
     ///
     /// # Errors
     /// [`BackendError`] when the backend cannot be reached; leases then expire by TTL.
-    fn detach(&self, replica: &ReplicaId) -> Result<(), BackendError>;
+    fn detach(&self, replica: &ReplicaId, held: &[HeldLease<'_>]) -> Result<(), BackendError>;
 
     /// Places a ticket in its chat's queue (see the module docs, rule 1).
     ///

@@ -302,7 +302,7 @@ impl Coordinator for MemoryCoordinator {
         Ok(())
     }
 
-    fn detach(&self, replica: &ReplicaId) -> Result<(), BackendError> {
+    fn detach(&self, replica: &ReplicaId, _held: &[HeldLease<'_>]) -> Result<(), BackendError> {
         self.replicas.write().remove(replica);
         let now = Instant::now();
         let mut pushes = Pushes::new();
@@ -455,9 +455,16 @@ impl Coordinator for MemoryCoordinator {
             }
             if result.is_none() {
                 // A message that timed out may be delivered again and then handled.
-                shard
-                    .seen
-                    .retain(|_, s| s.claimed_by.as_ref() != Some(w.ticket));
+                if let Some(id) = w.message_id {
+                    let key = (w.chat.to_owned(), id.to_owned());
+                    if shard
+                        .seen
+                        .get(&key)
+                        .is_some_and(|s| s.claimed_by.as_ref() == Some(w.ticket))
+                    {
+                        shard.seen.remove(&key);
+                    }
+                }
             }
             drop_if_idle(shard, w.chat, now, self.history);
             result

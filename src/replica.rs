@@ -224,6 +224,7 @@ impl Replica {
             let waiting = Waiting {
                 chat: &w.chat,
                 ticket: &ticket,
+                message_id: w.message_id.as_deref(),
             };
             match self.inner.coordinator.cancel(&waiting) {
                 Ok(Some(grant)) => {
@@ -275,7 +276,9 @@ impl Replica {
             self.inner.held.lock().clear();
             return;
         }
-        if let Err(e) = self.inner.coordinator.detach(&self.inner.id) {
+        let held: Vec<Arc<TurnState>> = self.inner.held.lock().drain().map(|(_, s)| s).collect();
+        let leases: Vec<_> = held.iter().map(|s| s.lease()).collect();
+        if let Err(e) = self.inner.coordinator.detach(&self.inner.id, &leases) {
             log::warn!(target: "botmesh::replica", "detach of replica {} failed: {e}", self.inner.id);
         }
     }
@@ -484,13 +487,16 @@ impl Inner {
     }
 
     /// Tickets that have waited at least `min_age`, for the safety re-check.
-    pub(crate) fn waiting_older_than(&self, min_age: Duration) -> Vec<(Arc<str>, u64)> {
+    pub(crate) fn waiting_older_than(
+        &self,
+        min_age: Duration,
+    ) -> Vec<(Arc<str>, u64, Option<Arc<str>>)> {
         let now = Instant::now();
         self.waiting
             .lock()
             .iter()
             .filter(|(_, w)| now.duration_since(w.since) >= min_age)
-            .map(|(seq, w)| (w.chat.clone(), *seq))
+            .map(|(seq, w)| (w.chat.clone(), *seq, w.message_id.clone()))
             .collect()
     }
 
@@ -501,15 +507,19 @@ impl Inner {
         if stale.is_empty() {
             return;
         }
-        let tickets: Vec<Ticket> = stale.iter().map(|(_, s)| self.ticket(*s)).collect();
+        let tickets: Vec<Ticket> = stale.iter().map(|(_, s, _)| self.ticket(*s)).collect();
         let list: Vec<Waiting<'_>> = stale
             .iter()
             .zip(&tickets)
-            .map(|((chat, _), ticket)| Waiting { chat, ticket })
+            .map(|((chat, _, id), ticket)| Waiting {
+                chat,
+                ticket,
+                message_id: id.as_deref(),
+            })
             .collect();
         match self.coordinator.poll(&list) {
             Ok(found) => {
-                for ((chat, _), grant) in stale.iter().zip(found) {
+                for ((chat, _, _), grant) in stale.iter().zip(found) {
                     if let Some(grant) = grant {
                         self.deliver(chat, grant);
                     }
@@ -569,6 +579,7 @@ impl Inner {
         let waiting = Waiting {
             chat: &w.chat,
             ticket: &ticket,
+            message_id: w.message_id.as_deref(),
         };
         match self.coordinator.cancel(&waiting) {
             Ok(Some(grant)) => self.grant_to(w, grant, true),

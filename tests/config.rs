@@ -202,7 +202,7 @@ impl Coordinator for NamedBackend {
     fn attach(&self, _: &ReplicaId, _: GrantSink) -> Result<(), BackendError> {
         Err(BackendError::new("not used"))
     }
-    fn detach(&self, _: &ReplicaId) -> Result<(), BackendError> {
+    fn detach(&self, _: &ReplicaId, _: &[HeldLease<'_>]) -> Result<(), BackendError> {
         Err(BackendError::new("not used"))
     }
     fn enqueue(&self, _: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError> {

@@ -392,11 +392,12 @@ pub fn stale_release_is_refused<H: Harness>() {
     c.cancel(&Waiting {
         chat: "chat",
         ticket: &other,
+        message_id: None,
     })
     .expect("cancel");
     turn.release().expect("the new holder's release succeeds");
     fresh.shutdown();
-    c.detach(&paused).expect("detach");
+    c.detach(&paused, &[]).expect("detach");
 }
 
 /// A replica that loses its lease (its renewals fail for longer than the TTL) is told
@@ -452,8 +453,12 @@ impl Coordinator for Partition {
     ) -> Result<(), botmesh::coordinator::BackendError> {
         self.inner.attach(r, s)
     }
-    fn detach(&self, r: &botmesh::ReplicaId) -> Result<(), botmesh::coordinator::BackendError> {
-        self.inner.detach(r)
+    fn detach(
+        &self,
+        r: &botmesh::ReplicaId,
+        h: &[HeldLease<'_>],
+    ) -> Result<(), botmesh::coordinator::BackendError> {
+        self.inner.detach(r, h)
     }
     fn enqueue(
         &self,
