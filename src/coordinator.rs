@@ -20,10 +20,10 @@
 //!    replica's [`GrantSink`].
 //! 3. Tickets whose wait deadline passed, or whose replica stopped renewing, are skipped
 //!    at hand-over. A holder whose lease expired is replaced by the next waiter when
-//!    anyone touches the chat ([`poll`](Coordinator::poll) is the periodic safety
-//!    re-check that makes sure someone does).
-//! 4. [`renew`](Coordinator::renew) extends every listed lease of one replica, and the
-//!    replica's own liveness, in one call.
+//!    anyone touches the chat (the re-check in [`renew`](Coordinator::renew) makes sure
+//!    someone does).
+//! 4. [`renew`](Coordinator::renew) extends every listed lease of one replica, keeps
+//!    its waiting tickets alive and reports where they stand, in one call.
 //!
 //! Fencing tokens follow Kleppmann, "How to do distributed locking" (2016): a resource
 //! that remembers the highest token it saw can refuse a write from a deposed holder.
@@ -94,7 +94,8 @@ pub struct EnqueueRequest<'a> {
 pub enum Enqueued {
     /// The chat was free: the ticket holds the turn now.
     Granted(Grant),
-    /// The ticket is queued; its grant will be pushed or found by [`Coordinator::poll`].
+    /// The ticket is queued; its grant will be pushed, or found by the re-check in
+    /// [`Coordinator::renew`].
     Queued,
     /// The message id was already claimed within the dedup window; nothing was queued.
     Duplicate,
@@ -111,7 +112,7 @@ pub struct HeldLease<'a> {
     pub token: Token,
 }
 
-/// A ticket still waiting, as listed to [`Coordinator::poll`] and
+/// A ticket still waiting, as listed to [`Coordinator::renew`] and
 /// [`Coordinator::cancel`].
 #[derive(Clone, Copy, Debug)]
 pub struct Waiting<'a> {
@@ -122,6 +123,27 @@ pub struct Waiting<'a> {
     /// The message id the ticket claimed at enqueue, if any; a cancelled ticket gives
     /// its claim up so a redelivery of the message can run.
     pub message_id: Option<&'a str>,
+}
+
+/// Where a waiting ticket stands, as seen by [`Coordinator::renew`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TicketState {
+    /// The ticket holds the turn (its grant may also have been pushed).
+    Granted(Grant),
+    /// Still in the queue.
+    Waiting,
+    /// Neither queued nor holding: the backend lost it (a restart without persistence,
+    /// or its liveness lapsed). The replica enqueues it again.
+    Gone,
+}
+
+/// The answer to [`Coordinator::renew`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Renewal {
+    /// Per held lease, in order: whether it was still held (and is now extended).
+    pub held: Vec<bool>,
+    /// Per waiting ticket, in order: where it stands.
+    pub waiting: Vec<TicketState>,
 }
 
 /// The answer to [`Coordinator::release`].
@@ -203,14 +225,6 @@ pub trait Coordinator: Send + Sync + 'static {
     /// be queued then, and the runtime treats it as not taken in.
     fn enqueue(&self, request: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError>;
 
-    /// The safety re-check: for each waiting ticket, whether it holds the turn now.
-    /// Expired holders are replaced first, so this is also how a crashed holder's chat
-    /// moves on. Grants made to other replicas on the way are pushed to them.
-    ///
-    /// # Errors
-    /// [`BackendError`] when the backend cannot be reached.
-    fn poll(&self, waiting: &[Waiting<'_>]) -> Result<Vec<Option<Grant>>, BackendError>;
-
     /// Takes a waiting ticket out of its queue (its wait ran out). Returns the grant if
     /// the ticket had been granted in the meantime, so the caller can use or release
     /// it.
@@ -231,11 +245,18 @@ pub trait Coordinator: Send + Sync + 'static {
         handled: Option<&str>,
     ) -> Result<Released, BackendError>;
 
-    /// Extends the listed leases of `replica` and the replica's liveness by one TTL, in
-    /// one call. Returns, per lease, whether it was still held.
+    /// The renewal tick of one replica, in one call: extends the listed leases by one
+    /// TTL and keeps the listed waiting tickets (and the replica) alive, and doubles as
+    /// the safety re-check: expired holders are replaced first (so a crashed holder's
+    /// chat moves on), and each waiting ticket's state is reported. Grants made to
+    /// other replicas on the way are pushed to them.
     ///
     /// # Errors
     /// [`BackendError`] when the backend cannot be reached.
-    fn renew(&self, replica: &ReplicaId, held: &[HeldLease<'_>])
-    -> Result<Vec<bool>, BackendError>;
+    fn renew(
+        &self,
+        replica: &ReplicaId,
+        held: &[HeldLease<'_>],
+        waiting: &[Waiting<'_>],
+    ) -> Result<Renewal, BackendError>;
 }

@@ -1,9 +1,10 @@
 //! The renewal thread: one per replica, one coordinator call per tick.
 //!
 //! Every tick (TTL/3) the thread renews all leases the replica holds in a single
-//! [`Coordinator::renew`](crate::Coordinator::renew) call, which also refreshes the
-//! replica's liveness (so its queued tickets are not skipped), and then runs the slow
-//! safety re-check for waiters that may have missed their wake-up. A lease the
+//! [`Coordinator::renew`](crate::Coordinator::renew) call, which also keeps the
+//! replica's queued tickets alive (so they are not skipped) and is the slow safety
+//! re-check: a waiter that missed its wake-up gets its grant from it, and a ticket the
+//! backend lost is queued again. A lease the
 //! coordinator refuses, or every lease when the coordinator has been unreachable for
 //! longer than the TTL, is marked lost: the holder sees it in
 //! [`Turn::is_lost`](crate::Turn::is_lost) and its release reports `lost`.
@@ -12,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::coordinator::HeldLease;
+use crate::coordinator::{HeldLease, Ticket, Waiting};
 use crate::metrics::{dec, inc};
 use crate::replica::Inner;
 use crate::turn::TurnState;
@@ -39,21 +40,32 @@ pub(crate) fn renewal_loop(inner: &Arc<Inner>) {
         }
         next = Instant::now() + period;
         renew_once(inner, &mut last_ok);
-        inner.recheck(period);
     }
 }
 
 fn renew_once(inner: &Arc<Inner>, last_ok: &mut Instant) {
     let held: Vec<Arc<TurnState>> = inner.held.lock().values().cloned().collect();
     let leases: Vec<HeldLease<'_>> = held.iter().map(|s| s.lease()).collect();
-    match inner.coordinator.renew(&inner.id, &leases) {
-        Ok(kept) => {
+    let waiters = inner.placed_waiters();
+    let tickets: Vec<Ticket> = waiters.iter().map(|w| inner.ticket(w.1)).collect();
+    let waiting: Vec<Waiting<'_>> = waiters
+        .iter()
+        .zip(&tickets)
+        .map(|((chat, _, id), ticket)| Waiting {
+            chat,
+            ticket,
+            message_id: id.as_deref(),
+        })
+        .collect();
+    match inner.coordinator.renew(&inner.id, &leases, &waiting) {
+        Ok(renewal) => {
             *last_ok = Instant::now();
-            for (state, kept) in held.iter().zip(kept) {
+            for (state, kept) in held.iter().zip(renewal.held) {
                 if !kept {
                     mark_lost(inner, state, "renewal refused");
                 }
             }
+            inner.apply_recheck(&waiters, renewal.waiting);
         }
         Err(e) => {
             inc(&inner.metrics.backend_errors);

@@ -9,7 +9,7 @@
 //! contend on one mutex. Fencing tokens come from one process-wide counter, which makes
 //! them strictly increasing per chat even after an idle chat's state was dropped.
 //! Expiry is evaluated lazily, like Redis key expiry: whoever touches a chat next
-//! (a release, an enqueue, the re-check of [`Coordinator::poll`]) moves it on.
+//! (a release, an enqueue, the re-check in [`Coordinator::renew`]) moves it on.
 //!
 //! [`Replica::abort`]: crate::Replica::abort
 
@@ -23,7 +23,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::coordinator::{
     BackendError, Coordinator, EnqueueRequest, Enqueued, Grant, GrantSink, HeldLease, Previous,
-    Released, ReplicaId, Ticket, Token, Waiting,
+    Released, Renewal, ReplicaId, Ticket, TicketState, Token, Waiting,
 };
 
 const SHARDS: usize = 32;
@@ -404,33 +404,6 @@ impl Coordinator for MemoryCoordinator {
         Ok(result)
     }
 
-    fn poll(&self, waiting: &[Waiting<'_>]) -> Result<Vec<Option<Grant>>, BackendError> {
-        let now = Instant::now();
-        let mut pushes = Pushes::new();
-        let mut out = Vec::with_capacity(waiting.len());
-        for w in waiting {
-            let mut shard = self.shard(w.chat).lock();
-            let Some(chat) = shard.chats.get_mut(w.chat) else {
-                out.push(None);
-                continue;
-            };
-            if let Some(g) = self.settle(chat, now) {
-                if &g.ticket != w.ticket {
-                    pushes.push((w.chat.to_owned(), g));
-                }
-            }
-            let mine = chat
-                .holder
-                .as_ref()
-                .filter(|h| &h.ticket == w.ticket)
-                .map(grant_of);
-            out.push(mine);
-            drop_if_idle(&mut shard, w.chat, now, self.history);
-        }
-        self.push(pushes);
-        Ok(out)
-    }
-
     fn cancel(&self, w: &Waiting<'_>) -> Result<Option<Grant>, BackendError> {
         let now = Instant::now();
         let mut pushes = Pushes::new();
@@ -528,12 +501,16 @@ impl Coordinator for MemoryCoordinator {
         &self,
         replica: &ReplicaId,
         held: &[HeldLease<'_>],
-    ) -> Result<Vec<bool>, BackendError> {
+        waiting: &[Waiting<'_>],
+    ) -> Result<Renewal, BackendError> {
         let now = Instant::now();
         if let Some(r) = self.replicas.write().get_mut(replica) {
             r.alive_until = now + self.ttl;
         }
-        let mut out = Vec::with_capacity(held.len());
+        let mut out = Renewal {
+            held: Vec::with_capacity(held.len()),
+            waiting: Vec::with_capacity(waiting.len()),
+        };
         for lease in held {
             let mut shard = self.shard(lease.chat).lock();
             let kept = match shard
@@ -551,8 +528,29 @@ impl Coordinator for MemoryCoordinator {
                 }
                 _ => false,
             };
-            out.push(kept);
+            out.held.push(kept);
         }
+        let mut pushes = Pushes::new();
+        for w in waiting {
+            let mut shard = self.shard(w.chat).lock();
+            let Some(chat) = shard.chats.get_mut(w.chat) else {
+                out.waiting.push(TicketState::Gone);
+                continue;
+            };
+            if let Some(g) = self.settle(chat, now) {
+                if &g.ticket != w.ticket {
+                    pushes.push((w.chat.to_owned(), g));
+                }
+            }
+            let state = match chat.holder.as_ref() {
+                Some(h) if &h.ticket == w.ticket => TicketState::Granted(grant_of(h)),
+                _ if chat.queue.iter().any(|q| &q.ticket == w.ticket) => TicketState::Waiting,
+                _ => TicketState::Gone,
+            };
+            out.waiting.push(state);
+            drop_if_idle(&mut shard, w.chat, now, self.history);
+        }
+        self.push(pushes);
         Ok(out)
     }
 }

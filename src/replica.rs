@@ -20,7 +20,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::coordinator::{
     BackendError, Coordinator, EnqueueRequest, Enqueued, Grant, GrantSink, Released, ReplicaId,
-    Ticket, Waiting,
+    Ticket, TicketState, Waiting,
 };
 use crate::error::{CoordinationUnavailableError, Reason};
 use crate::metrics::{Metrics, MetricsSnapshot, dec, inc};
@@ -42,10 +42,17 @@ pub enum Accepted {
     Duplicate,
 }
 
-struct Waiter {
+/// A waiting ticket as the renewal tick lists it: (chat, seq, message id).
+pub(crate) type PlacedWaiter = (Arc<str>, u64, Option<Arc<str>>);
+
+pub(crate) struct Waiter {
     chat: Arc<str>,
     message_id: Option<Arc<str>>,
     since: Instant,
+    wait: Duration,
+    /// Set once the backend confirmed the ticket is queued; only placed tickets are
+    /// re-checked, so a ticket whose enqueue is still in flight is never reported lost.
+    placed: bool,
     on_grant: OnGrant,
 }
 
@@ -291,14 +298,14 @@ impl Drop for Replica {
 }
 
 impl Inner {
-    fn ticket(&self, seq: u64) -> Ticket {
+    pub(crate) fn ticket(&self, seq: u64) -> Ticket {
         Ticket {
             replica: self.id.clone(),
             seq,
         }
     }
 
-    fn take_waiter(&self, seq: u64) -> Option<Waiter> {
+    pub(crate) fn take_waiter(&self, seq: u64) -> Option<Waiter> {
         let w = self.waiting.lock().remove(&seq);
         if w.is_some() {
             dec(&self.metrics.waiting);
@@ -336,6 +343,8 @@ impl Inner {
                 chat: chat_arc,
                 message_id: message_id.map(Arc::from),
                 since,
+                wait,
+                placed: false,
                 on_grant,
             },
         );
@@ -356,6 +365,9 @@ impl Inner {
             }
             Ok(Enqueued::Queued) => {
                 inc(&self.metrics.accepted);
+                if let Some(w) = self.waiting.lock().get_mut(&seq) {
+                    w.placed = true;
+                }
                 if let Some(deadline) = since.checked_add(wait) {
                     self.deadlines.lock().push(Reverse((deadline, seq)));
                     self.deadlines_cv.notify_one();
@@ -486,48 +498,65 @@ impl Inner {
         }
     }
 
-    /// Tickets that have waited at least `min_age`, for the safety re-check.
-    pub(crate) fn waiting_older_than(
-        &self,
-        min_age: Duration,
-    ) -> Vec<(Arc<str>, u64, Option<Arc<str>>)> {
-        let now = Instant::now();
+    /// The waiting tickets whose place in the queue is confirmed, for the renewal
+    /// tick: (chat, seq, message id).
+    pub(crate) fn placed_waiters(&self) -> Vec<PlacedWaiter> {
         self.waiting
             .lock()
             .iter()
-            .filter(|(_, w)| now.duration_since(w.since) >= min_age)
+            .filter(|(_, w)| w.placed)
             .map(|(seq, w)| (w.chat.clone(), *seq, w.message_id.clone()))
             .collect()
     }
 
-    /// The safety re-check: asks the coordinator about tickets that may have missed
-    /// their wake-up.
-    pub(crate) fn recheck(self: &Arc<Self>, min_age: Duration) {
-        let stale = self.waiting_older_than(min_age);
-        if stale.is_empty() {
-            return;
+    /// Acts on the re-check's findings: grants found are delivered (a lost wake-up),
+    /// tickets the backend lost are enqueued again.
+    pub(crate) fn apply_recheck(
+        self: &Arc<Self>,
+        waiters: &[PlacedWaiter],
+        states: Vec<TicketState>,
+    ) {
+        for ((chat, seq, message_id), state) in waiters.iter().zip(states) {
+            match state {
+                TicketState::Granted(grant) => self.deliver(chat, grant),
+                TicketState::Waiting => {}
+                TicketState::Gone => self.requeue(chat, *seq, message_id.as_deref()),
+            }
         }
-        let tickets: Vec<Ticket> = stale.iter().map(|(_, s, _)| self.ticket(*s)).collect();
-        let list: Vec<Waiting<'_>> = stale
-            .iter()
-            .zip(&tickets)
-            .map(|((chat, _, id), ticket)| Waiting {
-                chat,
-                ticket,
-                message_id: id.as_deref(),
-            })
-            .collect();
-        match self.coordinator.poll(&list) {
-            Ok(found) => {
-                for ((chat, _, _), grant) in stale.iter().zip(found) {
-                    if let Some(grant) = grant {
-                        self.deliver(chat, grant);
-                    }
+    }
+
+    /// Puts a ticket the backend lost (a restart without persistence) back in its
+    /// queue. It loses its place, but nothing waits forever.
+    fn requeue(self: &Arc<Self>, chat: &str, seq: u64, message_id: Option<&str>) {
+        let wait = match self.waiting.lock().get(&seq) {
+            Some(w) => w.wait.saturating_sub(w.since.elapsed()),
+            None => return, // resolved meanwhile
+        };
+        log::warn!(target: "botmesh::replica", "ticket {seq} of chat {chat:?} was lost by the coordinator; queueing it again");
+        let ticket = self.ticket(seq);
+        let request = EnqueueRequest {
+            chat,
+            ticket: &ticket,
+            message_id,
+            wait,
+        };
+        match self.coordinator.enqueue(&request) {
+            Ok(Enqueued::Granted(grant)) => self.deliver(chat, grant),
+            Ok(Enqueued::Queued) => {}
+            Ok(Enqueued::Duplicate) => {
+                // Another replica handled a redelivery of this message meanwhile.
+                if let Some(w) = self.take_waiter(seq) {
+                    inc(&self.metrics.duplicates);
+                    (w.on_grant)(Err(CoordinationUnavailableError::new(
+                        Reason::Lost,
+                        &w.chat,
+                        w.message_id.as_deref(),
+                    )));
                 }
             }
             Err(e) => {
                 inc(&self.metrics.backend_errors);
-                log::warn!(target: "botmesh::replica", "re-check failed: {e}");
+                log::warn!(target: "botmesh::replica", "re-queue failed, retrying next tick: {e}");
             }
         }
     }

@@ -208,16 +208,18 @@ impl Coordinator for NamedBackend {
     fn enqueue(&self, _: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError> {
         Err(BackendError::new("not used"))
     }
-    fn poll(&self, _: &[Waiting<'_>]) -> Result<Vec<Option<Grant>>, BackendError> {
-        Err(BackendError::new("not used"))
-    }
     fn cancel(&self, _: &Waiting<'_>) -> Result<Option<Grant>, BackendError> {
         Err(BackendError::new("not used"))
     }
     fn release(&self, _: &HeldLease<'_>, _: Option<&str>) -> Result<Released, BackendError> {
         Err(BackendError::new("not used"))
     }
-    fn renew(&self, _: &ReplicaId, _: &[HeldLease<'_>]) -> Result<Vec<bool>, BackendError> {
+    fn renew(
+        &self,
+        _: &ReplicaId,
+        _: &[HeldLease<'_>],
+        _: &[Waiting<'_>],
+    ) -> Result<botmesh::coordinator::Renewal, BackendError> {
         Err(BackendError::new("not used"))
     }
 }

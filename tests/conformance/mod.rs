@@ -372,7 +372,10 @@ pub fn stale_release_is_refused<H: Harness>() {
         token: grant.token,
     };
     assert_eq!(c.release(&stale, None).expect("release"), Released::Lost);
-    assert_eq!(c.renew(&paused, &[stale]).expect("renew"), vec![false]);
+    assert_eq!(
+        c.renew(&paused, &[stale], &[]).expect("renew").held,
+        vec![false]
+    );
     assert!(!turn.is_lost());
     // The new holder still excludes others.
     let other = Ticket {
@@ -466,12 +469,6 @@ impl Coordinator for Partition {
     ) -> Result<Enqueued, botmesh::coordinator::BackendError> {
         self.inner.enqueue(q)
     }
-    fn poll(
-        &self,
-        w: &[Waiting<'_>],
-    ) -> Result<Vec<Option<botmesh::Grant>>, botmesh::coordinator::BackendError> {
-        self.inner.poll(w)
-    }
     fn cancel(
         &self,
         w: &Waiting<'_>,
@@ -489,13 +486,14 @@ impl Coordinator for Partition {
         &self,
         r: &botmesh::ReplicaId,
         l: &[HeldLease<'_>],
-    ) -> Result<Vec<bool>, botmesh::coordinator::BackendError> {
+        w: &[Waiting<'_>],
+    ) -> Result<botmesh::coordinator::Renewal, botmesh::coordinator::BackendError> {
         if self.cut.load(Ordering::SeqCst) {
             return Err(botmesh::coordinator::BackendError::new(
                 "partitioned (test)",
             ));
         }
-        self.inner.renew(r, l)
+        self.inner.renew(r, l, w)
     }
 }
 
