@@ -62,6 +62,8 @@ pub mod memory;
 mod message;
 mod metrics;
 pub mod provider;
+#[cfg(feature = "redis")]
+pub mod redis;
 pub mod replica;
 pub mod runtime;
 pub mod turn;

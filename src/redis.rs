@@ -1,0 +1,800 @@
+//! `RedisCoordinator`: turns shared by replicas in many processes and machines.
+//!
+//! # Protocol
+//!
+//! Each chat has up to five keys, all with the hash tag `{<chat>}` so that every script
+//! touches one Redis Cluster slot (`%`, `{` and `}` in chat ids are percent-encoded, so
+//! any UTF-8 id is safe and no two ids share keys). With prefix `P`:
+//!
+//! | key | type | holds | expiry |
+//! | --- | --- | --- | --- |
+//! | `P:{c}:h` | hash | the holder: ticket `t`, token `k`, replica `r`, previous holder `pr`/`pk` | the lease TTL |
+//! | `P:{c}:q` | list | tickets in arrival order (FIFO) | 3 × TTL, refreshed by waiters |
+//! | `P:{c}:w` | hash | ticket → alive-until (µs, server clock), refreshed every renewal | 3 × TTL, refreshed |
+//! | `P:{c}:l` | hash | the last grant's token and replica | 1 h |
+//! | `P:{c}:m:<id>` | string | the ticket that claimed message `<id>`, or `!` once handled | the dedup window |
+//!
+//! A ticket is `<seq>:<replica>`. Five Lua scripts, loaded once and called by SHA
+//! (reloaded on `NOSCRIPT`, also inside pipelines), do all changes atomically:
+//!
+//! - `enqueue` (one round trip): duplicate check and claim, `RPUSH` the ticket, and if
+//!   the chat is free grant it at once. Idempotent per ticket, so a retry after a lost
+//!   reply neither queues a ticket twice nor hands out a second token.
+//! - `release` (one round trip): if the holder is still this ticket and token, delete
+//!   it and hand the chat to the first live ticket in the queue; otherwise answer
+//!   `lost`. The grant is published to the new holder's replica on
+//!   `P:wake:<replica>` (unless it is the caller's own, which gets it in the reply).
+//! - `renew` and `check`: the renewal tick sends one pipeline (one round trip) with a
+//!   `renew` per held lease (`PEXPIRE` if still ours) and a `check` per waiting ticket
+//!   (refresh its liveness, replace an expired holder, report granted / waiting / gone).
+//! - `cancel`: take a ticket whose wait ran out out of the queue (or report that it was
+//!   granted meanwhile) and give up its message claim.
+//!
+//! Fencing tokens are `max(last + 1, now in µs)`: strictly increasing per chat while
+//! `P:{c}:l` lives, and still increasing after it expired or Redis lost its data, as
+//! long as the Redis server's clock does not step back (a failover to a server whose
+//! clock is behind by more than the chat's idle time could break that; keep clocks
+//! synchronised).
+//!
+//! A ticket whose replica stopped renewing lapses (alive-until passes) and is skipped
+//! at hand-over; a grant made to it is capped by its alive-until, so a crashed replica
+//! costs the others at most about one TTL in all.
+//!
+//! Each replica has one subscriber thread on its wake channel; a lost wake-up (killed
+//! connection, Redis restart) is covered by the `check` in the next renewal tick.
+//! Connections are pooled and reused; a call that fails on a broken connection is
+//! retried once on a fresh one (all scripts are safe to repeat, except that a
+//! repeated `release` may answer `lost` for a release that had in fact succeeded).
+//!
+//! Round trips per message: 2 when the chat is free (enqueue, release), plus the pub/sub
+//! push when it has to wait. Renewal: 1 per tick per replica, whatever it holds.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::{Client, Connection, ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use serde::Deserialize;
+
+use crate::coordinator::{
+    BackendError, Coordinator, EnqueueRequest, Enqueued, Grant, GrantSink, HeldLease, Previous,
+    Released, Renewal, ReplicaId, Ticket, TicketState, Waiting,
+};
+
+const PRELUDE: &str = include_str!("redis_scripts.lua");
+
+const ENQUEUE: &str = r#"
+local h, q, w, l, m = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local chat, t = ARGV[1], ARGV[2]
+local ttl, hist, wake = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local hv = holder(h)
+if hv[1] == t then return {'granted', t, hv[2], hv[3] or '', hv[4] or ''} end
+if redis.call('HEXISTS', w, t) == 1 then return {'queued'} end
+local now = now_us()
+if m then
+  local c = redis.call('GET', m)
+  if c == '!' then return {'duplicate'} end
+  if c and c ~= t then
+    local wc = tonumber(redis.call('HGET', w, c))
+    if hv[1] == c or (wc and wc > now) then return {'duplicate'} end
+  end
+  if c then redis.call('SET', m, t, 'KEEPTTL') else redis.call('SET', m, t, 'PX', ARGV[6]) end
+end
+redis.call('RPUSH', q, t)
+redis.call('HSET', w, t, num(now + ttl * 1000))
+touch(q, w, ttl)
+local g = settle(h, q, w, l, chat, ttl, hist, wake, function(x) return x == t end)
+if g and g[1] == t then return {'granted', t, g[2], g[3], g[4]} end
+return {'queued'}
+"#;
+
+const RELEASE: &str = r#"
+local h, q, w, l, m = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local chat, t = ARGV[1], ARGV[2]
+local ttl, hist, wake = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local me = ARGV[7]
+local hv = redis.call('HMGET', h, 't', 'k')
+if hv[1] ~= t or hv[2] ~= ARGV[6] then
+  settle(h, q, w, l, chat, ttl, hist, wake, function() return false end)
+  return {'lost'}
+end
+redis.call('DEL', h)
+if m and redis.call('GET', m) == t then redis.call('SET', m, '!', 'KEEPTTL') end
+local g = settle(h, q, w, l, chat, ttl, hist, wake, function(x, r) return r == me end)
+if g and g[5] == me then return {'released', g[1], g[2], g[3], g[4]} end
+return {'released'}
+"#;
+
+const RENEW: &str = r#"
+local hv = redis.call('HMGET', KEYS[1], 't', 'k')
+if hv[1] == ARGV[1] and hv[2] == ARGV[2] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return 1
+end
+return 0
+"#;
+
+const CHECK: &str = r#"
+local h, q, w, l = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local chat, t = ARGV[1], ARGV[2]
+local ttl, hist, wake = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+settle(h, q, w, l, chat, ttl, hist, wake, function(x) return x == t end)
+local hv = holder(h)
+if hv[1] == t then return {'granted', t, hv[2], hv[3] or '', hv[4] or ''} end
+if redis.call('HEXISTS', w, t) == 1 then
+  redis.call('HSET', w, t, num(now_us() + ttl * 1000))
+  touch(q, w, ttl)
+  return {'waiting'}
+end
+return {'gone'}
+"#;
+
+const CANCEL: &str = r#"
+local h, q, w, l, m = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local chat, t = ARGV[1], ARGV[2]
+local ttl, hist, wake = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+settle(h, q, w, l, chat, ttl, hist, wake, function(x) return x == t end)
+local hv = holder(h)
+if hv[1] == t then return {'granted', t, hv[2], hv[3] or '', hv[4] or ''} end
+redis.call('LREM', q, 0, t)
+redis.call('HDEL', w, t)
+if m and redis.call('GET', m) == t then redis.call('DEL', m) end
+return {'cancelled'}
+"#;
+
+/// How long the last holder of an idle chat is remembered (for [`Grant::previous`]).
+const HISTORY: Duration = Duration::from_secs(3600);
+/// Idle pooled connections kept at most.
+const POOL_MAX: usize = 64;
+
+/// Settings of a [`RedisCoordinator`].
+#[derive(Clone)]
+pub struct RedisOptions {
+    /// `redis://[user:password@]host:port[/db]` (or `rediss://` with a TLS feature of
+    /// the `redis` crate). Never logged.
+    pub url: String,
+    /// Prefix of every key and channel, so bots can share a server. No `{` or `}`.
+    /// Default `botmesh`.
+    pub key_prefix: String,
+    /// TTL of every lease; renewed every TTL/3. Default 10 s; at least 10 ms.
+    pub lease_ttl: Duration,
+    /// Duplicate-suppression window; zero turns it off. Default 10 min.
+    pub dedup_window: Duration,
+    /// Connect, read and write timeout of every Redis call. Default 2 s.
+    pub command_timeout: Duration,
+}
+
+impl std::fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisOptions")
+            .field("url", &"<redacted>")
+            .field("key_prefix", &self.key_prefix)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("dedup_window", &self.dedup_window)
+            .field("command_timeout", &self.command_timeout)
+            .finish()
+    }
+}
+
+impl RedisOptions {
+    /// Options for `url` with every default.
+    pub fn new(url: impl Into<String>) -> Self {
+        RedisOptions {
+            url: url.into(),
+            key_prefix: "botmesh".into(),
+            lease_ttl: crate::memory::DEFAULT_LEASE_TTL,
+            dedup_window: crate::memory::DEFAULT_DEDUP_WINDOW,
+            command_timeout: Duration::from_secs(2),
+        }
+    }
+
+    /// Sets the key prefix.
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Sets the lease TTL.
+    pub fn with_lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// Sets the duplicate-suppression window.
+    pub fn with_dedup_window(mut self, window: Duration) -> Self {
+        self.dedup_window = window;
+        self
+    }
+
+    /// Sets the timeout of every Redis call.
+    pub fn with_command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+}
+
+struct Scripts {
+    enqueue: Script,
+    release: Script,
+    renew: Script,
+    check: Script,
+    cancel: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}\n{body}"));
+        Scripts {
+            enqueue: with_prelude(ENQUEUE),
+            release: with_prelude(RELEASE),
+            renew: Script::new(RENEW),
+            check: with_prelude(CHECK),
+            cancel: with_prelude(CANCEL),
+        }
+    }
+
+    fn all(&self) -> [&Script; 5] {
+        [
+            &self.enqueue,
+            &self.release,
+            &self.renew,
+            &self.check,
+            &self.cancel,
+        ]
+    }
+}
+
+struct Subscriber {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The Redis backend: standalone Redis or Valkey 7+, shared by replicas in any number of
+/// processes. See the module docs for the keys and scripts.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use botmesh::redis::{RedisCoordinator, RedisOptions};
+/// use botmesh::Replica;
+///
+/// let options = RedisOptions::new("redis://127.0.0.1:6379").with_key_prefix("mybot");
+/// let coordinator = Arc::new(RedisCoordinator::connect(options)?);
+/// let replica = Replica::start("pod-1", coordinator)?;
+/// let turn = replica.acquire("chat-1", std::time::Duration::from_secs(5))?;
+/// turn.release()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct RedisCoordinator {
+    client: Client,
+    options: RedisOptions,
+    ttl_ms: u64,
+    pool: Mutex<Vec<Connection>>,
+    scripts: Scripts,
+    subscribers: Mutex<HashMap<ReplicaId, Subscriber>>,
+}
+
+impl std::fmt::Debug for RedisCoordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisCoordinator")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One chat's keys.
+struct ChatKeys {
+    base: String,
+}
+
+impl ChatKeys {
+    fn new(prefix: &str, chat: &str) -> Self {
+        let mut base = String::with_capacity(prefix.len() + chat.len() + 4);
+        base.push_str(prefix);
+        base.push_str(":{");
+        for ch in chat.chars() {
+            match ch {
+                '%' => base.push_str("%25"),
+                '{' => base.push_str("%7B"),
+                '}' => base.push_str("%7D"),
+                c => base.push(c),
+            }
+        }
+        base.push('}');
+        ChatKeys { base }
+    }
+
+    fn key(&self, suffix: &str) -> String {
+        format!("{}:{suffix}", self.base)
+    }
+
+    fn claim(&self, message_id: &str) -> String {
+        format!("{}:m:{message_id}", self.base)
+    }
+}
+
+fn ticket_str(t: &Ticket) -> String {
+    format!("{}:{}", t.seq, t.replica)
+}
+
+fn parse_ticket(s: &str) -> Option<Ticket> {
+    let (seq, replica) = s.split_once(':')?;
+    Some(Ticket {
+        replica: Arc::from(replica),
+        seq: seq.parse().ok()?,
+    })
+}
+
+fn parse_grant(t: &str, k: &str, pr: &str, pk: &str) -> Result<Grant, BackendError> {
+    let ticket = parse_ticket(t).ok_or_else(|| BackendError::new("malformed ticket in Redis"))?;
+    let token = k
+        .parse()
+        .map_err(|_| BackendError::new("malformed token in Redis"))?;
+    let previous = match (pr, pk.parse()) {
+        ("", _) | (_, Err(_)) => None,
+        (replica, Ok(token)) => Some(Previous {
+            replica: Arc::from(replica),
+            token,
+        }),
+    };
+    Ok(Grant {
+        ticket,
+        token,
+        previous,
+    })
+}
+
+/// A grant reply `{tag, t, k, pr, pk}` from a script.
+fn grant_from(reply: &[String]) -> Result<Grant, BackendError> {
+    match reply {
+        [_, t, k, pr, pk, ..] => parse_grant(t, k, pr, pk),
+        _ => Err(BackendError::new("short grant reply from Redis")),
+    }
+}
+
+#[derive(Deserialize)]
+struct Wake {
+    c: String,
+    t: String,
+    k: String,
+    pr: String,
+    pk: String,
+}
+
+fn describe(e: &RedisError) -> BackendError {
+    // RedisError's text never contains the URL or the password.
+    BackendError::new(format!("redis: {e}"))
+}
+
+fn is_transient(e: &RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_unrecoverable_error()
+}
+
+impl RedisCoordinator {
+    /// Connects (one connection, to check the URL and credentials now) and loads the
+    /// scripts.
+    ///
+    /// # Errors
+    /// [`BackendError`] for an invalid URL or key prefix, a lease TTL under 10 ms, or
+    /// when Redis cannot be reached or refuses the credentials.
+    pub fn connect(options: RedisOptions) -> Result<Self, BackendError> {
+        if options.key_prefix.contains(['{', '}']) {
+            return Err(BackendError::new(format!(
+                "key_prefix: {:?} contains a brace; braces would change the Redis Cluster hash slot",
+                options.key_prefix
+            )));
+        }
+        if options.lease_ttl < Duration::from_millis(10) {
+            return Err(BackendError::new(format!(
+                "lease_ttl: {:?} is under the 10 ms minimum",
+                options.lease_ttl
+            )));
+        }
+        let client = Client::open(options.url.as_str())
+            .map_err(|e| BackendError::new(format!("url: not a valid Redis URL ({e})")))?;
+        let ttl_ms = u64::try_from(options.lease_ttl.as_millis()).unwrap_or(u64::MAX);
+        let me = RedisCoordinator {
+            client,
+            options,
+            ttl_ms,
+            pool: Mutex::new(Vec::new()),
+            scripts: Scripts::new(),
+            subscribers: Mutex::new(HashMap::new()),
+        };
+        let mut con = me.open()?;
+        me.load_scripts(&mut con).map_err(|e| describe(&e))?;
+        me.pool.lock().push(con);
+        Ok(me)
+    }
+
+    /// Connects to `url` with default options.
+    ///
+    /// # Errors
+    /// As [`RedisCoordinator::connect`].
+    pub fn open_url(url: &str) -> Result<Self, BackendError> {
+        Self::connect(RedisOptions::new(url))
+    }
+
+    /// The options in use.
+    pub fn options(&self) -> &RedisOptions {
+        &self.options
+    }
+
+    fn open(&self) -> Result<Connection, BackendError> {
+        let t = self.options.command_timeout;
+        let con = self
+            .client
+            .get_connection_with_timeout(t)
+            .map_err(|e| describe(&e))?;
+        con.set_read_timeout(Some(t)).map_err(|e| describe(&e))?;
+        con.set_write_timeout(Some(t)).map_err(|e| describe(&e))?;
+        Ok(con)
+    }
+
+    fn load_scripts(&self, con: &mut Connection) -> Result<(), RedisError> {
+        for s in self.scripts.all() {
+            s.load(con)?;
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on a pooled connection; on a broken connection retries once on a fresh
+    /// one, and on `NOSCRIPT` (Redis restarted or flushed its scripts) reloads the
+    /// scripts and retries.
+    fn with_conn<T>(
+        &self,
+        mut f: impl FnMut(&mut Connection) -> Result<T, RedisError>,
+    ) -> Result<T, BackendError> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let pooled = self.pool.lock().pop();
+            let mut con = match pooled {
+                Some(c) => c,
+                None => self.open()?,
+            };
+            match f(&mut con) {
+                Ok(v) => {
+                    let mut pool = self.pool.lock();
+                    if pool.len() < POOL_MAX {
+                        pool.push(con);
+                    }
+                    return Ok(v);
+                }
+                Err(e)
+                    if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) && attempts < 3 =>
+                {
+                    log::info!(target: "botmesh::redis", "Redis forgot the scripts; loading them again");
+                    self.load_scripts(&mut con).map_err(|e| describe(&e))?;
+                    self.pool.lock().push(con);
+                }
+                Err(e) if is_transient(&e) && attempts < 2 => {
+                    log::debug!(target: "botmesh::redis", "retrying on a fresh connection: {e}");
+                    // A broken connection is dropped, not returned to the pool; the
+                    // others may be broken too (Redis restarted), so start afresh.
+                    self.pool.lock().clear();
+                }
+                Err(e) => {
+                    if is_transient(&e) {
+                        self.pool.lock().clear();
+                    }
+                    return Err(describe(&e));
+                }
+            }
+        }
+    }
+
+    fn chat_invocation<'a>(
+        &self,
+        script: &'a Script,
+        keys: &ChatKeys,
+        claim: Option<&str>,
+        chat: &str,
+        ticket: &str,
+    ) -> redis::ScriptInvocation<'a> {
+        let mut inv = script.prepare_invoke();
+        inv.key(keys.key("h"))
+            .key(keys.key("q"))
+            .key(keys.key("w"))
+            .key(keys.key("l"));
+        if let Some(id) = claim {
+            inv.key(keys.claim(id));
+        }
+        inv.arg(chat)
+            .arg(ticket)
+            .arg(self.ttl_ms)
+            .arg(HISTORY.as_millis() as u64)
+            .arg(self.wake_prefix());
+        inv
+    }
+
+    fn wake_prefix(&self) -> String {
+        format!("{}:wake:", self.options.key_prefix)
+    }
+
+    fn dedup_on(&self) -> bool {
+        !self.options.dedup_window.is_zero()
+    }
+
+    fn stop_subscriber(&self, replica: &ReplicaId) {
+        let sub = self.subscribers.lock().remove(replica);
+        if let Some(mut sub) = sub {
+            sub.stop.store(true, Ordering::Release);
+            if let Some(t) = sub.thread.take() {
+                if t.join().is_err() {
+                    log::error!(target: "botmesh::redis", "the subscriber thread panicked");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for RedisCoordinator {
+    fn drop(&mut self) {
+        let ids: Vec<ReplicaId> = self.subscribers.lock().keys().cloned().collect();
+        for id in ids {
+            self.stop_subscriber(&id);
+        }
+    }
+}
+
+/// The subscriber thread of one replica: receives its grants from the wake channel
+/// and hands them to the sink; reconnects with a back-off when the connection drops.
+fn subscriber_loop(
+    client: Client,
+    channel: String,
+    sink: GrantSink,
+    stop: Arc<AtomicBool>,
+    ready: crossbeam_channel::Sender<()>,
+    timeout: Duration,
+) {
+    let mut backoff = Duration::from_millis(50);
+    while !stop.load(Ordering::Acquire) {
+        let mut con = match client.get_connection_with_timeout(timeout) {
+            Ok(c) => c,
+            Err(e) => {
+                log::warn!(target: "botmesh::redis", "subscriber cannot connect: {e}");
+                std::thread::sleep(backoff); // a reconnect back-off, not synchronisation
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        let mut pubsub = con.as_pubsub();
+        if let Err(e) = pubsub.subscribe(&channel) {
+            log::warn!(target: "botmesh::redis", "subscribe failed: {e}");
+            continue;
+        }
+        // Short reads, so a stop request is seen quickly.
+        if pubsub
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .is_err()
+        {
+            continue;
+        }
+        backoff = Duration::from_millis(50);
+        let _ = ready.try_send(());
+        while !stop.load(Ordering::Acquire) {
+            match pubsub.get_message() {
+                Ok(msg) => {
+                    let wake: Result<Wake, _> = serde_json::from_slice(msg.get_payload_bytes());
+                    match wake {
+                        Ok(w) => match parse_grant(&w.t, &w.k, &w.pr, &w.pk) {
+                            Ok(grant) => sink(&w.c, grant),
+                            Err(e) => log::warn!(target: "botmesh::redis", "bad wake-up: {e}"),
+                        },
+                        Err(e) => log::warn!(target: "botmesh::redis", "bad wake-up: {e}"),
+                    }
+                }
+                Err(e) if e.is_timeout() => {}
+                Err(e) => {
+                    log::warn!(target: "botmesh::redis", "subscriber connection lost, reconnecting: {e}");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+fn strings(v: Value) -> Result<Vec<String>, BackendError> {
+    redis::from_redis_value(v).map_err(|e| BackendError::new(format!("unexpected reply: {e}")))
+}
+
+impl Coordinator for RedisCoordinator {
+    fn backend(&self) -> &'static str {
+        "redis"
+    }
+
+    fn lease_ttl(&self) -> Duration {
+        self.options.lease_ttl
+    }
+
+    fn attach(&self, replica: &ReplicaId, sink: GrantSink) -> Result<(), BackendError> {
+        self.stop_subscriber(replica);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
+        let channel = format!("{}{}", self.wake_prefix(), replica);
+        let client = self.client.clone();
+        let stop2 = stop.clone();
+        let timeout = self.options.command_timeout;
+        let thread = std::thread::Builder::new()
+            .name(format!("botmesh-sub-{replica}"))
+            .spawn(move || subscriber_loop(client, channel, sink, stop2, ready_tx, timeout))
+            .map_err(|e| BackendError::new(format!("cannot spawn the subscriber thread: {e}")))?;
+        let sub = Subscriber {
+            stop,
+            thread: Some(thread),
+        };
+        self.subscribers.lock().insert(replica.clone(), sub);
+        // Grants can only be pushed once the subscription is live.
+        if ready_rx
+            .recv_timeout(self.options.command_timeout * 2)
+            .is_err()
+        {
+            self.stop_subscriber(replica);
+            return Err(BackendError::new(
+                "redis: could not subscribe to the wake channel",
+            ));
+        }
+        Ok(())
+    }
+
+    fn detach(&self, replica: &ReplicaId, held: &[HeldLease<'_>]) -> Result<(), BackendError> {
+        let mut result = Ok(());
+        for lease in held {
+            match self.release(lease, None) {
+                Ok(Released::Released { next: Some(g) }) => {
+                    // Our own next ticket: nobody will take it now; release it too.
+                    let t = g.ticket.clone();
+                    let again = HeldLease {
+                        chat: lease.chat,
+                        ticket: &t,
+                        token: g.token,
+                    };
+                    let _ = self.release(&again, None);
+                }
+                Ok(_) => {}
+                Err(e) => result = Err(e),
+            }
+        }
+        self.stop_subscriber(replica);
+        result
+    }
+
+    fn enqueue(&self, req: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError> {
+        let keys = ChatKeys::new(&self.options.key_prefix, req.chat);
+        let ticket = ticket_str(req.ticket);
+        let claim = req.message_id.filter(|_| self.dedup_on());
+        let mut inv = self.chat_invocation(&self.scripts.enqueue, &keys, claim, req.chat, &ticket);
+        inv.arg(u64::try_from(self.options.dedup_window.as_millis()).unwrap_or(u64::MAX));
+        let reply: Vec<String> = self.with_conn(|con| inv.invoke(con))?;
+        match reply.first().map(String::as_str) {
+            Some("granted") => Ok(Enqueued::Granted(grant_from(&reply)?)),
+            Some("queued") => Ok(Enqueued::Queued),
+            Some("duplicate") => Ok(Enqueued::Duplicate),
+            _ => Err(BackendError::new("unexpected enqueue reply from Redis")),
+        }
+    }
+
+    fn cancel(&self, w: &Waiting<'_>) -> Result<Option<Grant>, BackendError> {
+        let keys = ChatKeys::new(&self.options.key_prefix, w.chat);
+        let ticket = ticket_str(w.ticket);
+        let claim = w.message_id.filter(|_| self.dedup_on());
+        let inv = self.chat_invocation(&self.scripts.cancel, &keys, claim, w.chat, &ticket);
+        let reply: Vec<String> = self.with_conn(|con| inv.invoke(con))?;
+        match reply.first().map(String::as_str) {
+            Some("granted") => Ok(Some(grant_from(&reply)?)),
+            Some("cancelled") => Ok(None),
+            _ => Err(BackendError::new("unexpected cancel reply from Redis")),
+        }
+    }
+
+    fn release(
+        &self,
+        lease: &HeldLease<'_>,
+        handled: Option<&str>,
+    ) -> Result<Released, BackendError> {
+        let keys = ChatKeys::new(&self.options.key_prefix, lease.chat);
+        let ticket = ticket_str(lease.ticket);
+        let claim = handled.filter(|_| self.dedup_on());
+        let mut inv =
+            self.chat_invocation(&self.scripts.release, &keys, claim, lease.chat, &ticket);
+        inv.arg(lease.token.to_string())
+            .arg(lease.ticket.replica.as_ref());
+        let reply: Vec<String> = self.with_conn(|con| inv.invoke(con))?;
+        match reply.first().map(String::as_str) {
+            Some("released") if reply.len() >= 5 => Ok(Released::Released {
+                next: Some(grant_from(&reply)?),
+            }),
+            Some("released") => Ok(Released::Released { next: None }),
+            Some("lost") => Ok(Released::Lost),
+            _ => Err(BackendError::new("unexpected release reply from Redis")),
+        }
+    }
+
+    fn renew(
+        &self,
+        _replica: &ReplicaId,
+        held: &[HeldLease<'_>],
+        waiting: &[Waiting<'_>],
+    ) -> Result<Renewal, BackendError> {
+        if held.is_empty() && waiting.is_empty() {
+            return Ok(Renewal::default());
+        }
+        let renew_sha = self.scripts.renew.get_hash().to_owned();
+        let check_sha = self.scripts.check.get_hash().to_owned();
+        let mut pipe = redis::pipe();
+        for lease in held {
+            let keys = ChatKeys::new(&self.options.key_prefix, lease.chat);
+            pipe.cmd("EVALSHA")
+                .arg(&renew_sha)
+                .arg(1)
+                .arg(keys.key("h"))
+                .arg(ticket_str(lease.ticket))
+                .arg(lease.token.to_string())
+                .arg(self.ttl_ms);
+        }
+        let wake = self.wake_prefix();
+        for w in waiting {
+            let keys = ChatKeys::new(&self.options.key_prefix, w.chat);
+            pipe.cmd("EVALSHA")
+                .arg(&check_sha)
+                .arg(4)
+                .arg(keys.key("h"))
+                .arg(keys.key("q"))
+                .arg(keys.key("w"))
+                .arg(keys.key("l"))
+                .arg(w.chat)
+                .arg(ticket_str(w.ticket))
+                .arg(self.ttl_ms)
+                .arg(HISTORY.as_millis() as u64)
+                .arg(&wake);
+        }
+        let replies: Vec<Value> = self.with_conn(|con| pipe.query(con))?;
+        if replies.len() != held.len() + waiting.len() {
+            return Err(BackendError::new("short pipeline reply from Redis"));
+        }
+        let mut out = Renewal::default();
+        let mut it = replies.into_iter();
+        for v in it.by_ref().take(held.len()) {
+            let kept: i64 = redis::from_redis_value(v)
+                .map_err(|e| BackendError::new(format!("unexpected reply: {e}")))?;
+            out.held.push(kept == 1);
+        }
+        for v in it {
+            let reply = strings(v)?;
+            out.waiting.push(match reply.first().map(String::as_str) {
+                Some("granted") => TicketState::Granted(grant_from(&reply)?),
+                Some("waiting") => TicketState::Waiting,
+                _ => TicketState::Gone,
+            });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_keys_are_injective_and_slot_safe() {
+        let a = ChatKeys::new("p", "{a}");
+        let b = ChatKeys::new("p", "%7Ba%7D");
+        assert_ne!(a.key("h"), b.key("h"));
+        assert_eq!(a.key("h"), "p:{%7Ba%7D}:h");
+        // The hash tag is the first {...}: the encoded chat, never part of it.
+        let k = ChatKeys::new("p", "x}y{z").key("q");
+        assert_eq!(k, "p:{x%7Dy%7Bz}:q");
+    }
+
+    #[test]
+    fn tickets_round_trip_with_colons_in_replica_names() {
+        let t = Ticket {
+            replica: Arc::from("pod:7"),
+            seq: 42,
+        };
+        assert_eq!(parse_ticket(&ticket_str(&t)), Some(t));
+    }
+}
