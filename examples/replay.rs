@@ -318,10 +318,10 @@ impl Run {
 
     /// Records that update `index` ended; tells the platform when it was the last one.
     fn ended(&self, index: usize, ending: Ending) {
-        if let Some(slot) = self.slots.get(index) {
-            if slot.ends.fetch_add(1, Ordering::Relaxed) > 0 {
-                add(&self.tally.ended_twice);
-            }
+        if let Some(slot) = self.slots.get(index)
+            && slot.ends.fetch_add(1, Ordering::Relaxed) > 0
+        {
+            add(&self.tally.ended_twice);
         }
         if let Some(log) = &self.log {
             // Fails only once the log thread has finished, after every update ended.
@@ -598,13 +598,13 @@ fn replay(o: &Options) -> Result<Summary, String> {
             bot.shutdown();
         }
     }
-    if let Some(log) = log {
-        if let Err(e) = log.finish() {
-            if !notes.is_empty() {
-                notes.push_str("; ");
-            }
-            notes.push_str(&e);
+    if let Some(log) = log
+        && let Err(e) = log.finish()
+    {
+        if !notes.is_empty() {
+            notes.push_str("; ");
         }
+        notes.push_str(&e);
     }
 
     let mut waits: Vec<u64> = run

@@ -221,10 +221,10 @@ impl MemoryCoordinator {
 
     fn ticket_alive(&self, chat: Option<&ChatState>, ticket: &Ticket, now: Instant) -> bool {
         let Some(chat) = chat else { return false };
-        if let Some(h) = &chat.holder {
-            if &h.ticket == ticket {
-                return h.lease_until >= now;
-            }
+        if let Some(h) = &chat.holder
+            && &h.ticket == ticket
+        {
+            return h.lease_until >= now;
         }
         chat.queue
             .iter()
@@ -244,21 +244,21 @@ fn drop_if_idle(shard: &mut Shard, chat: &str, now: Instant, history: Duration) 
     {
         return;
     }
-    if let Some(state) = shard.chats.remove(chat) {
-        if let Some(previous) = state.previous {
-            let expires = now + history;
-            shard.last.insert(chat.to_owned(), (previous, expires));
-            shard.last_order.push_back((expires, chat.to_owned()));
-        }
+    if let Some(state) = shard.chats.remove(chat)
+        && let Some(previous) = state.previous
+    {
+        let expires = now + history;
+        shard.last.insert(chat.to_owned(), (previous, expires));
+        shard.last_order.push_back((expires, chat.to_owned()));
     }
     while let Some((expires, _)) = shard.last_order.front() {
         if *expires >= now {
             break;
         }
-        if let Some((_, key)) = shard.last_order.pop_front() {
-            if shard.last.get(&key).is_some_and(|l| l.1 < now) {
-                shard.last.remove(&key);
-            }
+        if let Some((_, key)) = shard.last_order.pop_front()
+            && shard.last.get(&key).is_some_and(|l| l.1 < now)
+        {
+            shard.last.remove(&key);
         }
     }
 }
@@ -268,10 +268,10 @@ fn purge_seen(shard: &mut Shard, now: Instant) {
         if *expires >= now {
             break;
         }
-        if let Some((_, key)) = shard.seen_order.pop_front() {
-            if shard.seen.get(&key).is_some_and(|s| s.expires < now) {
-                shard.seen.remove(&key);
-            }
+        if let Some((_, key)) = shard.seen_order.pop_front()
+            && shard.seen.get(&key).is_some_and(|s| s.expires < now)
+        {
+            shard.seen.remove(&key);
         }
     }
 }
@@ -315,13 +315,12 @@ impl Coordinator for MemoryCoordinator {
                     .holder
                     .as_ref()
                     .is_some_and(|h| &h.ticket.replica == replica)
+                    && let Some(h) = chat.holder.take()
                 {
-                    if let Some(h) = chat.holder.take() {
-                        chat.previous = Some(Previous {
-                            replica: replica.clone(),
-                            token: h.token,
-                        });
-                    }
+                    chat.previous = Some(Previous {
+                        replica: replica.clone(),
+                        token: h.token,
+                    });
                 }
                 if let Some(g) = self.settle(chat, now) {
                     pushes.push((id.clone(), g));
@@ -412,10 +411,10 @@ impl Coordinator for MemoryCoordinator {
             let shard = &mut *guard;
             let mut result = None;
             if let Some(chat) = shard.chats.get_mut(w.chat) {
-                if let Some(g) = self.settle(chat, now) {
-                    if &g.ticket != w.ticket {
-                        pushes.push((w.chat.to_owned(), g));
-                    }
+                if let Some(g) = self.settle(chat, now)
+                    && &g.ticket != w.ticket
+                {
+                    pushes.push((w.chat.to_owned(), g));
                 }
                 result = chat
                     .holder
@@ -476,12 +475,11 @@ impl Coordinator for MemoryCoordinator {
                     }
                     None => None,
                 };
-                if let Some(id) = handled {
-                    if let Some(s) = shard.seen.get_mut(&(lease.chat.to_owned(), id.to_owned())) {
-                        if s.claimed_by.as_ref() == Some(lease.ticket) {
-                            s.claimed_by = None;
-                        }
-                    }
+                if let Some(id) = handled
+                    && let Some(s) = shard.seen.get_mut(&(lease.chat.to_owned(), id.to_owned()))
+                    && s.claimed_by.as_ref() == Some(lease.ticket)
+                {
+                    s.claimed_by = None;
                 }
                 Released::Released { next }
             } else {
@@ -537,10 +535,10 @@ impl Coordinator for MemoryCoordinator {
                 out.waiting.push(TicketState::Gone);
                 continue;
             };
-            if let Some(g) = self.settle(chat, now) {
-                if &g.ticket != w.ticket {
-                    pushes.push((w.chat.to_owned(), g));
-                }
+            if let Some(g) = self.settle(chat, now)
+                && &g.ticket != w.ticket
+            {
+                pushes.push((w.chat.to_owned(), g));
             }
             let state = match chat.holder.as_ref() {
                 Some(h) if &h.ticket == w.ticket => TicketState::Granted(grant_of(h)),

@@ -522,10 +522,10 @@ impl RedisCoordinator {
         let sub = self.subscribers.lock().remove(replica);
         if let Some(mut sub) = sub {
             sub.stop.store(true, Ordering::Release);
-            if let Some(t) = sub.thread.take() {
-                if t.join().is_err() {
-                    log::error!(target: "botmesh::redis", "the subscriber thread panicked");
-                }
+            if let Some(t) = sub.thread.take()
+                && t.join().is_err()
+            {
+                log::error!(target: "botmesh::redis", "the subscriber thread panicked");
             }
         }
     }

@@ -665,10 +665,10 @@ impl Shared {
     }
 
     fn call_error_hook(&self, e: &Error) {
-        if let Some(hook) = &self.on_error {
-            if catch_unwind(AssertUnwindSafe(|| hook(e))).is_err() {
-                log::error!(target: "botmesh::runtime", "the error hook panicked");
-            }
+        if let Some(hook) = &self.on_error
+            && catch_unwind(AssertUnwindSafe(|| hook(e))).is_err()
+        {
+            log::error!(target: "botmesh::runtime", "the error hook panicked");
         }
     }
 

@@ -114,10 +114,10 @@ impl Turn {
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        if !self.done {
-            if let Err(e) = self.replica.release(&self.state, None) {
-                log::warn!(target: "botmesh::turn", "release on drop: {e}");
-            }
+        if !self.done
+            && let Err(e) = self.replica.release(&self.state, None)
+        {
+            log::warn!(target: "botmesh::turn", "release on drop: {e}");
         }
     }
 }

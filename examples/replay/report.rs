@@ -188,10 +188,10 @@ fn write_log(
             Err(e) => failure = Some(format!("--log: cannot write {}: {e}", path.display())),
         }
     }
-    if failure.is_none() {
-        if let Err(e) = out.flush() {
-            failure = Some(format!("--log: cannot write {}: {e}", path.display()));
-        }
+    if failure.is_none()
+        && let Err(e) = out.flush()
+    {
+        failure = Some(format!("--log: cannot write {}: {e}", path.display()));
     }
     match failure {
         Some(f) => Err(f),
