@@ -202,11 +202,12 @@ pub trait Coordinator: Send + Sync + 'static {
     /// The TTL of every lease this backend grants.
     fn lease_ttl(&self) -> Duration;
 
-    /// Registers a replica and where its grants are pushed. Re-attaching an id replaces
-    /// the sink (a restarted process reusing its name).
+    /// Registers a replica and where its grants are pushed. Replica ids must be unique
+    /// among live replicas; a restarted process may reuse its name.
     ///
     /// # Errors
-    /// [`BackendError`] when the backend cannot be reached.
+    /// [`BackendError`] when the backend cannot be reached, or (where the backend can
+    /// tell) when the id is already used by a live replica.
     fn attach(&self, replica: &ReplicaId, sink: GrantSink) -> Result<(), BackendError>;
 
     /// A clean stop: releases every lease the replica holds (handing each chat to its

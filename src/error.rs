@@ -71,10 +71,10 @@ impl fmt::Display for CoordinationUnavailableError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let what = match &self.message_id {
             Some(id) => format!("message {id:?} of chat {:?}", self.chat),
-            None => format!("a message of chat {:?}", self.chat),
+            None => format!("work on chat {:?}", self.chat),
         };
         let why = match self.reason {
-            Reason::Timeout => "it waited longer than turn_wait for the chat's turn",
+            Reason::Timeout => "the chat's turn did not come within the allowed wait (turn_wait)",
             Reason::Lost => "the chat's turn was lost while it ran (lease expired or taken over)",
             Reason::Backend => "the coordinator could not be reached",
             Reason::ShuttingDown => "the replica was shutting down",

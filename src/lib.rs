@@ -72,7 +72,7 @@ pub use config::{
     ConfigError, CoordinationConfig, CoordinatorConfig, FallbackPolicy, FlowsPolicy,
     HandoverConfig, MemoryOptions, ProviderSession,
 };
-pub use coordinator::{Coordinator, Grant, Previous, ReplicaId, Ticket, Token};
+pub use coordinator::{BackendError, Coordinator, Grant, Previous, ReplicaId, Ticket, Token};
 pub use error::{CoordinationUnavailableError, Error, HandlerError, Reason};
 pub use memory::MemoryCoordinator;
 pub use message::{Message, Outcome};

@@ -294,11 +294,20 @@ impl Coordinator for MemoryCoordinator {
     }
 
     fn attach(&self, replica: &ReplicaId, sink: GrantSink) -> Result<(), BackendError> {
+        let now = Instant::now();
+        let mut replicas = self.replicas.write();
+        if replicas.get(replica).is_some_and(|r| r.alive_until >= now) {
+            // Two live replicas with one id would take each other's grants.
+            return Err(BackendError::new(format!(
+                "replica id {replica:?} is already in use (by a live replica, or by one that \
+                 crashed less than one lease TTL ago)"
+            )));
+        }
         let entry = ReplicaEntry {
             sink,
-            alive_until: Instant::now() + self.ttl,
+            alive_until: now + self.ttl,
         };
-        self.replicas.write().insert(replica.clone(), entry);
+        replicas.insert(replica.clone(), entry);
         Ok(())
     }
 

@@ -199,14 +199,17 @@ impl Replica {
 
     /// A clean stop: ends the threads, reports waiting tickets as `shutting_down`, and
     /// releases everything this replica holds at the coordinator so other replicas get
-    /// its chats at once. Drop the [`Turn`]s you hold first.
+    /// its chats at once. Turns still held become lost ([`Turn::is_lost`]), so release
+    /// them first. Dropping the `Replica` does the same: keep it alive while you use
+    /// its turns.
     pub fn shutdown(mut self) {
         self.stop(STOPPING);
     }
 
     /// A simulated crash: the threads stop and nothing is released or reported; the
     /// replica's leases expire after the TTL and its queued tickets are skipped once its
-    /// liveness lapses. For tests and simulations of replica failure.
+    /// liveness lapses. Turns still held read as lost. For tests and simulations of
+    /// replica failure.
     pub fn abort(mut self) {
         self.stop(ABORTED);
     }
@@ -277,13 +280,16 @@ impl Replica {
                 log::error!(target: "botmesh::replica", "a background thread panicked");
             }
         }
+        // Every turn still held is lost from here on: its holder must not act on it.
+        let held: Vec<Arc<TurnState>> = self.inner.held.lock().drain().map(|(_, s)| s).collect();
+        for state in &held {
+            state.lost.store(true, Ordering::Release);
+        }
         if how == ABORTED {
             // Forget the waiters without calling them, as a dead process would.
             self.inner.waiting.lock().clear();
-            self.inner.held.lock().clear();
             return;
         }
-        let held: Vec<Arc<TurnState>> = self.inner.held.lock().drain().map(|(_, s)| s).collect();
         let leases: Vec<_> = held.iter().map(|s| s.lease()).collect();
         if let Err(e) = self.inner.coordinator.detach(&self.inner.id, &leases) {
             log::warn!(target: "botmesh::replica", "detach of replica {} failed: {e}", self.inner.id);
@@ -619,7 +625,7 @@ impl Inner {
                     &w.chat,
                     w.message_id.as_deref(),
                 );
-                log::warn!(target: "botmesh::replica", "{err}");
+                log::debug!(target: "botmesh::replica", "{err}");
                 (w.on_grant)(Err(err));
             }
             Err(e) => {
@@ -630,7 +636,7 @@ impl Inner {
                     w.message_id.as_deref(),
                 )
                 .with_source(e);
-                log::warn!(target: "botmesh::replica", "{err}");
+                log::debug!(target: "botmesh::replica", "{err}");
                 (w.on_grant)(Err(err));
             }
         }

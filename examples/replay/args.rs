@@ -28,7 +28,7 @@ options:
   --turn-wait DURATION     longest wait for a chat's turn, e.g. 2m, 1500ms [default: 2m]
   --backend NAME           coordination backend; only `memory` for now [default: memory]
   --log PATH               write one JSON line per update as it ends
-  --json                   end stdout with one JSON record (bench/FORMAT.md shape)
+  --json                   end stdout with one JSON record (the shared benchmark record format)
   -h, --help               print this help
 
 exit status: 0 when every update was handled with no violation, 1 when an update was
