@@ -28,9 +28,22 @@
 //! largest the TypeScript original accepts.
 //!
 //! In a file the coordinator is a map naming one backend: `{"memory": {}}` or
-//! `{"memory": {"leaseTtl": "10s", "dedupWindow": "10m"}}`. A coordinator object
+//! `{"memory": {"leaseTtl": "10s", "dedupWindow": "10m"}}` for the in-process backend,
+//! and, with the `redis` cargo feature (on by default),
+//! `{"redis": {"url": "redis://user:pass@host:6379/0", "keyPrefix": "mybot"}}` for
+//! Redis (see `CoordinatorConfig::Redis` for every option). A coordinator object
 //! created in code (for example one backend shared by several replicas living in one
 //! process) cannot come from a file; use [`CoordinatorConfig::Shared`] for it.
+//!
+//! # One coordinator per bot, unless shared
+//!
+//! A config describes a backend; [`CoordinatorConfig::build`] creates one, and every bot
+//! built from the config calls it. So a [`CoordinatorConfig::Memory`] spec gives *each
+//! bot its own* in-process coordinator: two bots in one process built from clones of
+//! such a config do **not** exclude each other. Call [`CoordinationConfig::shared`]
+//! once (or pass [`CoordinatorConfig::Shared`]) and clone the result instead; its
+//! clones all use one backend instance. Redis bots coordinate through the server
+//! whatever they do, and `shared()` only saves them connections.
 //!
 //! Loading is strict: an unknown key, a key given twice under two spellings, a value of
 //! the wrong type, a negative or fractional number, an unparsable or out-of-range
@@ -60,7 +73,7 @@
 //!     CoordinatorConfig::Memory(options) => {
 //!         assert_eq!(options.lease_ttl, Duration::from_secs(5))
 //!     }
-//!     CoordinatorConfig::Shared(_) => unreachable!("files only describe backends"),
+//!     other => unreachable!("this file names the memory backend, not {other:?}"),
 //! }
 //!
 //! // Bad input is refused with a message naming the field and the value.
@@ -89,6 +102,41 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 ///
 /// See the [module documentation](self) for how it loads from files. `Default` is not
 /// implemented because the coordinator has no default; use [`CoordinationConfig::new`].
+///
+/// # Several bots in one process: share the coordinator
+///
+/// The [`coordinator`](Self::coordinator) field is a *description* of a backend, and
+/// every bot built from the config creates its own backend from it. With
+/// [`CoordinatorConfig::Memory`] that means one separate in-process coordinator per
+/// bot: bots built from clones of that config never see each other's turns, so two of
+/// them can handle one chat at the same time. Bots in one process that must exclude
+/// each other (replicas simulated as threads, tests) need one backend instance: call
+/// [`shared`](Self::shared) once and clone its result, or put an existing coordinator
+/// in [`CoordinatorConfig::Shared`].
+///
+/// ```
+/// use botmesh::{Bot, CoordinationConfig, CoordinatorConfig};
+///
+/// let config = CoordinationConfig::new(CoordinatorConfig::memory())
+///     .shared()
+///     .expect("an in-process coordinator always builds");
+/// // Both bots use the one coordinator that `shared()` created, so a chat's messages
+/// // run one at a time across them.
+/// let bots = ["r1", "r2"].map(|id| {
+///     Bot::builder()
+///         .id(id)
+///         .coordination(config.clone())
+///         .handler(|_ctx| Ok(()))
+///         .build()
+///         .expect("bot starts")
+/// });
+/// for bot in bots {
+///     bot.shutdown();
+/// }
+/// ```
+///
+/// Redis replicas in one process coordinate through the server in any case; `shared()`
+/// lets them use one connection pool instead of one each.
 #[derive(Debug, Clone)]
 pub struct CoordinationConfig {
     /// The backend shared by the replicas. Required.
@@ -115,15 +163,89 @@ pub struct CoordinationConfig {
     pub handover: HandoverConfig,
 }
 
-/// The backend the replicas of one bot share.
+/// The backend the replicas of one bot share: a description of one to create
+/// ([`Memory`](Self::Memory), `Redis`), or one already created
+/// ([`Shared`](Self::Shared)). [`build`](Self::build) turns it into a coordinator.
 #[derive(Clone)]
 pub enum CoordinatorConfig {
-    /// An in-process backend (`MemoryCoordinator`), built from these options. In files:
-    /// `{"memory": {}}` or `{"memory": {"leaseTtl": "10s"}}`.
+    /// An in-process backend ([`MemoryCoordinator`](crate::MemoryCoordinator)), built
+    /// from these options. In files: `{"memory": {}}` or
+    /// `{"memory": {"leaseTtl": "10s", "dedupWindow": "10m"}}`.
+    ///
+    /// **Every bot built from this creates its own, separate coordinator**, so bots
+    /// built from clones of one `Memory` config do not exclude each other. Bots in one
+    /// process that must share turns need one instance: use
+    /// [`CoordinationConfig::shared`] or [`Shared`](Self::Shared).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use botmesh::{CoordinationConfig, CoordinatorConfig};
+    ///
+    /// let spec = CoordinationConfig::new(CoordinatorConfig::memory());
+    /// let config = spec.shared()?; // builds ONE coordinator
+    /// let (a, b) = (config.clone(), config.clone());
+    /// match (&a.coordinator, &b.coordinator) {
+    ///     (CoordinatorConfig::Shared(x), CoordinatorConfig::Shared(y)) => {
+    ///         assert!(Arc::ptr_eq(x, y))
+    ///     }
+    ///     _ => unreachable!("shared() always gives a Shared coordinator"),
+    /// }
+    /// # Ok::<(), botmesh::BackendError>(())
+    /// ```
     Memory(MemoryOptions),
+    /// A Redis (or Valkey) server shared by replicas in any number of processes: each
+    /// bot built from it connects with these options (see
+    /// [`RedisCoordinator`](crate::redis::RedisCoordinator)). Only with the `redis`
+    /// cargo feature (on by default).
+    ///
+    /// In files:
+    ///
+    /// ```json
+    /// {"redis": {"url": "redis://user:pass@host:6379/0", "keyPrefix": "mybot",
+    ///            "leaseTtl": "10s", "dedupWindow": "10m", "commandTimeout": "2s"}}
+    /// ```
+    ///
+    /// - `url` (required): a string starting with `redis://`, `rediss://` (TLS, which
+    ///   needs a TLS feature of the `redis` crate), `redis+unix://` or `unix://`. It may
+    ///   hold a password, so it never appears in error messages or in `Debug` output.
+    /// - `keyPrefix` / `key_prefix`: prefix of every key and channel, so bots can share
+    ///   a server; not empty, no `{` or `}`. Default `botmesh`.
+    /// - `leaseTtlMs` / `lease_ttl_ms` / `leaseTtl` / `lease_ttl`: lease TTL, at least
+    ///   10 ms. Default 10 s.
+    /// - `dedupWindowMs` / `dedup_window_ms` / `dedupWindow` / `dedup_window`:
+    ///   duplicate-suppression window, zero turns it off. Default 10 min.
+    /// - `commandTimeoutMs` / `command_timeout_ms` / `commandTimeout` /
+    ///   `command_timeout`: connect, read and write timeout of every Redis call, at
+    ///   least 1 ms. Default 2 s.
+    ///
+    /// Durations are humantime strings or whole milliseconds, as everywhere in the
+    /// config. Loading does not connect; [`build`](Self::build) (and so starting a bot)
+    /// does.
+    ///
+    /// botmesh's own messages never contain the URL, but a format crate may quote the
+    /// source text around an error: `toml::de::Error`'s `Display` shows the offending
+    /// line. Log its `message()` instead when the file holds a password.
+    ///
+    /// ```no_run
+    /// use botmesh::{Bot, CoordinationConfig};
+    ///
+    /// let config = CoordinationConfig::from_json_str(
+    ///     r#"{"coordinator": {"redis": {"url": "redis://127.0.0.1:6379", "keyPrefix": "shop"}},
+    ///         "turnWait": "30s"}"#,
+    /// )?;
+    /// let bot = Bot::builder()
+    ///     .coordination(config)
+    ///     .handler(|_ctx| Ok(()))
+    ///     .build()?;
+    /// bot.shutdown();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "redis")]
+    Redis(crate::redis::RedisOptions),
     /// A coordinator object created in code, for example one backend that several
     /// replicas in the same process share. It cannot be loaded from a file; its
-    /// `Debug` form shows only the backend's name.
+    /// `Debug` form shows only the backend's name. `From<Arc<C>>` builds it from any
+    /// concrete coordinator (`Arc::new(MemoryCoordinator::new()).into()`).
     Shared(Arc<dyn crate::Coordinator>),
 }
 
@@ -280,16 +402,50 @@ impl CoordinationConfig {
     ///
     /// # Errors
     /// A [`ConfigError`] for the first setting at fault, named in camelCase as in files:
-    /// `turnWaitMs` is zero; any duration is over [`Self::MAX_DURATION`]; the memory
-    /// coordinator's `leaseTtlMs` is under [`MemoryOptions::MIN_LEASE_TTL`].
+    /// `turnWaitMs` is zero; any duration is over [`Self::MAX_DURATION`]; the memory or
+    /// Redis coordinator's `leaseTtlMs` is under [`MemoryOptions::MIN_LEASE_TTL`]; the
+    /// Redis coordinator's `url` is not a Redis URL (the message never shows the URL),
+    /// its `keyPrefix` is empty or holds a brace, or its `commandTimeoutMs` is under
+    /// 1 ms.
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_set_duration("turnWaitMs", self.turn_wait, &TURN_WAIT_RANGE)?;
         check_set_duration("settleMs", self.settle, &ANY_RANGE)?;
         check_set_duration("providerDownMs", self.provider_down, &ANY_RANGE)?;
-        if let CoordinatorConfig::Memory(options) = &self.coordinator {
-            options.validate_as("coordinator.memory.")?;
-        }
-        Ok(())
+        self.coordinator.validate()
+    }
+
+    /// This config with its coordinator built once ([`CoordinatorConfig::build`]) and
+    /// put in [`CoordinatorConfig::Shared`], so that every clone of the result, and
+    /// every bot built from one, uses that one backend instance.
+    ///
+    /// This is what bots in one process need when they must exclude each other with a
+    /// [`CoordinatorConfig::Memory`] backend: without it each bot creates its own
+    /// memory coordinator (see [`CoordinationConfig`]). A config that is already
+    /// `Shared` comes back unchanged (same instance).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use botmesh::{CoordinationConfig, CoordinatorConfig, MemoryCoordinator};
+    ///
+    /// let config = CoordinationConfig::new(CoordinatorConfig::memory()).shared()?;
+    /// assert!(matches!(config.coordinator, CoordinatorConfig::Shared(_)));
+    ///
+    /// // The same, with a coordinator made by hand.
+    /// let by_hand = CoordinationConfig::new(Arc::new(MemoryCoordinator::new()).into());
+    /// assert_eq!(by_hand.coordinator.backend(), "memory");
+    /// # Ok::<(), botmesh::BackendError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`CoordinatorConfig::build`]: a [`BackendError`](crate::BackendError) when
+    /// the coordinator's settings are invalid or (Redis) the server cannot be reached
+    /// or refuses the credentials.
+    pub fn shared(self) -> Result<CoordinationConfig, crate::BackendError> {
+        let built = self.coordinator.build()?;
+        Ok(CoordinationConfig {
+            coordinator: CoordinatorConfig::Shared(built),
+            ..self
+        })
     }
 
     /// Loads and checks a config from a JSON document.
@@ -309,20 +465,83 @@ impl CoordinatorConfig {
         CoordinatorConfig::Memory(MemoryOptions::default())
     }
 
-    /// The backend's short name, as used in logs: `"memory"`, or whatever a shared
-    /// coordinator reports.
+    /// A Redis coordinator for `url` (`redis://[user:password@]host:port[/db]`) with
+    /// every other option at its default. Not checked here; see
+    /// [`validate`](Self::validate).
+    #[cfg(feature = "redis")]
+    #[must_use]
+    pub fn redis(url: impl Into<String>) -> Self {
+        CoordinatorConfig::Redis(crate::redis::RedisOptions::new(url))
+    }
+
+    /// The backend's short name, as used in logs: `"memory"`, `"redis"`, or whatever a
+    /// shared coordinator reports.
     pub fn backend(&self) -> &'static str {
         match self {
             CoordinatorConfig::Memory(_) => "memory",
+            #[cfg(feature = "redis")]
+            CoordinatorConfig::Redis(_) => "redis",
             CoordinatorConfig::Shared(coordinator) => coordinator.backend(),
+        }
+    }
+
+    /// Checks the backend's options ([`Shared`](Self::Shared) has none).
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the first option at fault as in files
+    /// (`coordinator.memory.leaseTtlMs`, `coordinator.redis.url`, ...); see
+    /// [`CoordinationConfig::validate`]. A Redis URL is never shown.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        match self {
+            CoordinatorConfig::Memory(options) => options.validate_as("coordinator.memory."),
+            #[cfg(feature = "redis")]
+            CoordinatorConfig::Redis(options) => validate_redis(options, "coordinator.redis."),
+            CoordinatorConfig::Shared(_) => Ok(()),
+        }
+    }
+
+    /// Creates the coordinator this describes: a new
+    /// [`MemoryCoordinator`](crate::MemoryCoordinator) with the options for
+    /// [`Memory`](Self::Memory); a new connection to the server with
+    /// `RedisCoordinator::connect` for `Redis`; the same instance (a clone of the
+    /// `Arc`) for [`Shared`](Self::Shared).
+    ///
+    /// Every call on a `Memory` or `Redis` spec creates a new, separate coordinator;
+    /// see [`CoordinationConfig::shared`] to build once and share.
+    ///
+    /// # Errors
+    /// A [`BackendError`](crate::BackendError) when the options are invalid (as
+    /// [`validate`](Self::validate) reports them, the URL never shown), or, for Redis,
+    /// when the server cannot be reached within the command timeout, refuses the
+    /// credentials, or the scripts cannot be loaded.
+    pub fn build(&self) -> Result<Arc<dyn crate::Coordinator>, crate::BackendError> {
+        if let Err(e) = self.validate() {
+            return Err(crate::BackendError::new(e.to_string()));
+        }
+        match self {
+            CoordinatorConfig::Memory(options) => Ok(Arc::new(
+                crate::MemoryCoordinator::with_settings(options.lease_ttl, options.dedup_window),
+            )),
+            #[cfg(feature = "redis")]
+            CoordinatorConfig::Redis(options) => Ok(Arc::new(
+                crate::redis::RedisCoordinator::connect(options.clone())?,
+            )),
+            CoordinatorConfig::Shared(coordinator) => Ok(Arc::clone(coordinator)),
         }
     }
 }
 
 impl fmt::Debug for CoordinatorConfig {
+    /// `Memory(MemoryOptions { .. })`, `Redis(RedisOptions { url: "<redacted>", .. })`
+    /// (the URL may hold a password and is never printed), or `Shared("<backend>")`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CoordinatorConfig::Memory(options) => f.debug_tuple("Memory").field(options).finish(),
+            #[cfg(feature = "redis")]
+            CoordinatorConfig::Redis(options) => f
+                .debug_tuple("Redis")
+                .field(&RedactedRedis(options))
+                .finish(),
             CoordinatorConfig::Shared(coordinator) => f
                 .debug_tuple("Shared")
                 .field(&coordinator.backend())
@@ -331,14 +550,52 @@ impl fmt::Debug for CoordinatorConfig {
     }
 }
 
+/// Redis options as shown by `Debug`, without the URL (written out here rather than
+/// relying on `RedisOptions`' own `Debug`, so that the URL cannot leak through it).
+#[cfg(feature = "redis")]
+struct RedactedRedis<'a>(&'a crate::redis::RedisOptions);
+
+#[cfg(feature = "redis")]
+impl fmt::Debug for RedactedRedis<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let o = self.0;
+        f.debug_struct("RedisOptions")
+            .field("url", &"<redacted>")
+            .field("key_prefix", &o.key_prefix)
+            .field("lease_ttl", &o.lease_ttl)
+            .field("dedup_window", &o.dedup_window)
+            .field("command_timeout", &o.command_timeout)
+            .finish()
+    }
+}
+
 impl From<MemoryOptions> for CoordinatorConfig {
+    /// [`CoordinatorConfig::Memory`] with these options.
     fn from(options: MemoryOptions) -> Self {
         CoordinatorConfig::Memory(options)
     }
 }
 
+#[cfg(feature = "redis")]
+impl From<crate::redis::RedisOptions> for CoordinatorConfig {
+    /// `CoordinatorConfig::Redis` with these options.
+    fn from(options: crate::redis::RedisOptions) -> Self {
+        CoordinatorConfig::Redis(options)
+    }
+}
+
 impl From<Arc<dyn crate::Coordinator>> for CoordinatorConfig {
+    /// [`CoordinatorConfig::Shared`] with this coordinator.
     fn from(coordinator: Arc<dyn crate::Coordinator>) -> Self {
+        CoordinatorConfig::Shared(coordinator)
+    }
+}
+
+impl<C: crate::Coordinator> From<Arc<C>> for CoordinatorConfig {
+    /// [`CoordinatorConfig::Shared`] with this coordinator, for example
+    /// `Arc::new(MemoryCoordinator::new()).into()`. (It does not overlap the
+    /// `Arc<dyn Coordinator>` conversion: this one needs a sized `C`.)
+    fn from(coordinator: Arc<C>) -> Self {
         CoordinatorConfig::Shared(coordinator)
     }
 }
@@ -552,6 +809,13 @@ const TURN_WAIT_RANGE: Range = Range {
 const LEASE_TTL_RANGE: Range = Range {
     min: MemoryOptions::MIN_LEASE_TTL,
     why: "a lease that short would expire before it could be renewed",
+};
+
+/// The shortest accepted Redis command timeout: 1 millisecond.
+#[cfg(feature = "redis")]
+const COMMAND_TIMEOUT_RANGE: Range = Range {
+    min: Duration::from_millis(1),
+    why: "every Redis call would time out at once",
 };
 
 /// Checks a duration against its range. `shown` is the value as the user wrote it.
@@ -1115,7 +1379,10 @@ impl<'de> Deserialize<'de> for CoordinationConfig {
 /// Reads the `coordinator` map: exactly one backend name and its options.
 struct CoordinatorField;
 
-const BACKENDS: &str = r#""memory""#;
+#[cfg(feature = "redis")]
+const BACKENDS: &str = r#""memory" or "redis""#;
+#[cfg(not(feature = "redis"))]
+const BACKENDS: &str = r#""memory" (this build lacks the "redis" cargo feature)"#;
 
 impl<'de> Expect<'de> for CoordinatorField {
     type Value = CoordinatorConfig;
@@ -1125,7 +1392,19 @@ impl<'de> Expect<'de> for CoordinatorField {
     }
 
     fn expected(&self) -> &str {
-        r#"a map naming one backend, such as {"memory": {}}"#
+        r#"a map naming one backend, such as {"memory": {}} or {"redis": {"url": "redis://host:6379"}}"#
+    }
+
+    fn str_value(self, v: &str) -> Result<CoordinatorConfig, String> {
+        if looks_like_url(v) {
+            // Probably a Redis URL given without its map: it may hold a password.
+            return Err(format!(
+                "coordinator: a URL string is not accepted (its text is not shown, as it \
+                 may hold a password); expected {}",
+                self.expected()
+            ));
+        }
+        Err(self.wrong(&format!("{v:?}"), "is a string"))
     }
 
     fn map_value<A: MapAccess<'de>>(self, mut map: A) -> Result<CoordinatorConfig, A::Error> {
@@ -1141,6 +1420,17 @@ impl<'de> Expect<'de> for CoordinatorField {
                     prefix: "coordinator.memory.",
                     context: "coordinator.memory",
                 }))?)
+            }
+            #[cfg(feature = "redis")]
+            "redis" => CoordinatorConfig::Redis(map.next_value_seed(ExpectSeed(RedisField {
+                prefix: "coordinator.redis.",
+                context: "coordinator.redis",
+            }))?),
+            #[cfg(not(feature = "redis"))]
+            "redis" => {
+                return Err(de::Error::custom(
+                    r#"coordinator: backend "redis" needs the "redis" cargo feature of botmesh, which this build lacks"#,
+                ));
             }
             other => {
                 return Err(de::Error::custom(format!(
@@ -1159,8 +1449,9 @@ impl<'de> Expect<'de> for CoordinatorField {
 }
 
 impl<'de> Deserialize<'de> for CoordinatorConfig {
-    /// Reads a map naming one backend, such as `{"memory": {}}`; errors name the field
-    /// as `coordinator`. [`CoordinatorConfig::Shared`] is never produced.
+    /// Reads a map naming one backend, such as `{"memory": {}}` or
+    /// `{"redis": {"url": "redis://host:6379"}}`; errors name the field as
+    /// `coordinator`. [`CoordinatorConfig::Shared`] is never produced.
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         ExpectSeed(CoordinatorField).deserialize(deserializer)
     }
@@ -1244,6 +1535,291 @@ impl<'de> Deserialize<'de> for MemoryOptions {
         ExpectSeed(MemoryField {
             prefix: "",
             context: "memory coordinator options",
+        })
+        .deserialize(deserializer)
+    }
+}
+
+// ----- redis options
+
+/// The URL schemes a Redis URL may start with (compared without regard to case).
+#[cfg(feature = "redis")]
+const REDIS_SCHEMES: [&str; 4] = ["redis://", "rediss://", "redis+unix://", "unix://"];
+
+#[cfg(feature = "redis")]
+const REDIS_URL_EXPECTED: &str = "a Redis URL string such as \"redis://host:6379\" \
+     (schemes redis://, rediss://, redis+unix:// or unix://)";
+
+/// Whether a string looks like a URL, which may hold a password and so is never shown.
+fn looks_like_url(v: &str) -> bool {
+    v.contains("://") || v.contains('@')
+}
+
+/// Checks a Redis URL. The message names the field but never shows the URL.
+#[cfg(feature = "redis")]
+fn check_redis_url(name: &str, url: &str) -> Result<(), String> {
+    if url.trim().is_empty() {
+        return Err(format!(
+            "{name}: the URL is empty; expected {REDIS_URL_EXPECTED}"
+        ));
+    }
+    let known = REDIS_SCHEMES.iter().any(|scheme| {
+        url.get(..scheme.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(scheme))
+            && url.len() > scheme.len()
+    });
+    if known {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name}: not a Redis URL (expected redis://host:port, rediss://host:port, \
+             redis+unix:///path or unix:///path; the value is not shown, as it may hold \
+             a password)"
+        ))
+    }
+}
+
+/// Checks a Redis key prefix; the message names the field and shows the prefix.
+#[cfg(feature = "redis")]
+fn check_key_prefix(name: &str, prefix: &str) -> Result<(), String> {
+    if prefix.is_empty() {
+        return Err(format!(
+            "{name}: \"\" is empty; give a prefix such as \"mybot\" (the default is \"botmesh\")"
+        ));
+    }
+    if prefix.contains(['{', '}']) {
+        return Err(format!(
+            "{name}: {prefix:?} contains a brace; '{{' and '}}' are not allowed because they \
+             would change the Redis Cluster hash slot of a chat's keys"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks Redis options set in code; `prefix` goes before each field name.
+#[cfg(feature = "redis")]
+fn validate_redis(options: &crate::redis::RedisOptions, prefix: &str) -> Result<(), ConfigError> {
+    check_redis_url(&format!("{prefix}url"), &options.url).map_err(ConfigError::new)?;
+    check_key_prefix(&format!("{prefix}keyPrefix"), &options.key_prefix)
+        .map_err(ConfigError::new)?;
+    check_set_duration(
+        &format!("{prefix}leaseTtlMs"),
+        options.lease_ttl,
+        &LEASE_TTL_RANGE,
+    )?;
+    check_set_duration(
+        &format!("{prefix}dedupWindowMs"),
+        options.dedup_window,
+        &ANY_RANGE,
+    )?;
+    check_set_duration(
+        &format!("{prefix}commandTimeoutMs"),
+        options.command_timeout,
+        &COMMAND_TIMEOUT_RANGE,
+    )
+}
+
+#[cfg(feature = "redis")]
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RedisKey {
+    Url,
+    KeyPrefix,
+    LeaseTtl,
+    DedupWindow,
+    CommandTimeout,
+}
+
+#[cfg(feature = "redis")]
+const REDIS_KEYS: Keys<RedisKey> = Keys {
+    spellings: &[
+        ("url", RedisKey::Url),
+        ("keyPrefix", RedisKey::KeyPrefix),
+        ("key_prefix", RedisKey::KeyPrefix),
+        ("leaseTtlMs", RedisKey::LeaseTtl),
+        ("lease_ttl_ms", RedisKey::LeaseTtl),
+        ("leaseTtl", RedisKey::LeaseTtl),
+        ("lease_ttl", RedisKey::LeaseTtl),
+        ("dedupWindowMs", RedisKey::DedupWindow),
+        ("dedup_window_ms", RedisKey::DedupWindow),
+        ("dedupWindow", RedisKey::DedupWindow),
+        ("dedup_window", RedisKey::DedupWindow),
+        ("commandTimeoutMs", RedisKey::CommandTimeout),
+        ("command_timeout_ms", RedisKey::CommandTimeout),
+        ("commandTimeout", RedisKey::CommandTimeout),
+        ("command_timeout", RedisKey::CommandTimeout),
+    ],
+    listed: "url, keyPrefix, leaseTtlMs, dedupWindowMs, commandTimeoutMs; snake_case \
+             spellings such as lease_ttl_ms are accepted too",
+};
+
+/// Reads the Redis coordinator's options map.
+#[cfg(feature = "redis")]
+struct RedisField {
+    /// Put before each key in messages (`coordinator.redis.`).
+    prefix: &'static str,
+    /// Names the map in messages.
+    context: &'static str,
+}
+
+#[cfg(feature = "redis")]
+impl<'de> Expect<'de> for RedisField {
+    type Value = crate::redis::RedisOptions;
+
+    fn name(&self) -> &str {
+        self.context
+    }
+
+    fn expected(&self) -> &str {
+        r#"a map of Redis coordinator options, such as {"url": "redis://host:6379"}"#
+    }
+
+    /// Never shows the value: a URL written in place of the map may hold a password.
+    fn wrong(&self, shown: &str, is_kind: &str) -> String {
+        hidden_wrong(self.name(), self.expected(), shown, is_kind)
+    }
+
+    fn map_value<A: MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> Result<crate::redis::RedisOptions, A::Error> {
+        let mut seen = Seen::new();
+        let mut url = None;
+        let mut key_prefix = None;
+        let mut lease_ttl = None;
+        let mut dedup_window = None;
+        let mut command_timeout = None;
+        while let Some(key) = map.next_key::<String>()? {
+            let Some(field) = REDIS_KEYS.find(&key) else {
+                return Err(de::Error::custom(REDIS_KEYS.unknown(&key, self.context)));
+            };
+            seen.mark(field, &key, self.prefix)
+                .map_err(de::Error::custom)?;
+            let name = format!("{}{key}", self.prefix);
+            match field {
+                RedisKey::Url => {
+                    url = Some(map.next_value_seed(ExpectSeed(UrlField { name: &name }))?);
+                }
+                RedisKey::KeyPrefix => {
+                    key_prefix =
+                        Some(map.next_value_seed(ExpectSeed(KeyPrefixField { name: &name }))?);
+                }
+                RedisKey::LeaseTtl => {
+                    lease_ttl = Some(map.next_value_seed(ExpectSeed(DurationField {
+                        name: &name,
+                        range: &LEASE_TTL_RANGE,
+                    }))?);
+                }
+                RedisKey::DedupWindow => {
+                    dedup_window = Some(map.next_value_seed(ExpectSeed(DurationField {
+                        name: &name,
+                        range: &ANY_RANGE,
+                    }))?);
+                }
+                RedisKey::CommandTimeout => {
+                    command_timeout = Some(map.next_value_seed(ExpectSeed(DurationField {
+                        name: &name,
+                        range: &COMMAND_TIMEOUT_RANGE,
+                    }))?);
+                }
+            }
+        }
+        let Some(url) = url else {
+            return Err(de::Error::custom(format!(
+                r#"{}url: missing; give the Redis server's address, for example "url": "redis://127.0.0.1:6379""#,
+                self.prefix
+            )));
+        };
+        let mut options = crate::redis::RedisOptions::new(url);
+        if let Some(p) = key_prefix {
+            options.key_prefix = p;
+        }
+        if let Some(d) = lease_ttl {
+            options.lease_ttl = d;
+        }
+        if let Some(d) = dedup_window {
+            options.dedup_window = d;
+        }
+        if let Some(d) = command_timeout {
+            options.command_timeout = d;
+        }
+        Ok(options)
+    }
+}
+
+/// The message for a value of the wrong kind whose text must not be shown.
+#[cfg(feature = "redis")]
+fn hidden_wrong(name: &str, expected: &str, shown: &str, is_kind: &str) -> String {
+    if shown == "null" {
+        format!("{name}: null {is_kind}; expected {expected}")
+    } else {
+        format!(
+            "{name}: the value {is_kind} (its text is not shown, as it may hold a password); \
+             expected {expected}"
+        )
+    }
+}
+
+/// Reads a Redis URL; never shows it in a message.
+#[cfg(feature = "redis")]
+struct UrlField<'a> {
+    name: &'a str,
+}
+
+#[cfg(feature = "redis")]
+impl<'de> Expect<'de> for UrlField<'_> {
+    type Value = String;
+
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn expected(&self) -> &str {
+        REDIS_URL_EXPECTED
+    }
+
+    fn wrong(&self, shown: &str, is_kind: &str) -> String {
+        hidden_wrong(self.name, REDIS_URL_EXPECTED, shown, is_kind)
+    }
+
+    fn str_value(self, v: &str) -> Result<String, String> {
+        check_redis_url(self.name, v)?;
+        Ok(v.to_owned())
+    }
+}
+
+/// Reads a Redis key prefix.
+#[cfg(feature = "redis")]
+struct KeyPrefixField<'a> {
+    name: &'a str,
+}
+
+#[cfg(feature = "redis")]
+impl<'de> Expect<'de> for KeyPrefixField<'_> {
+    type Value = String;
+
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn expected(&self) -> &str {
+        r#"a non-empty string without '{' or '}', such as "mybot""#
+    }
+
+    fn str_value(self, v: &str) -> Result<String, String> {
+        check_key_prefix(self.name, v)?;
+        Ok(v.to_owned())
+    }
+}
+
+#[cfg(feature = "redis")]
+impl<'de> Deserialize<'de> for crate::redis::RedisOptions {
+    /// Reads an options map such as `{"url": "redis://host:6379", "keyPrefix": "mybot"}`
+    /// (keys as for `CoordinatorConfig::Redis`); `url` is required, the other options
+    /// take their defaults. Errors name the field and never show the URL.
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        ExpectSeed(RedisField {
+            prefix: "",
+            context: "Redis coordinator options",
         })
         .deserialize(deserializer)
     }

@@ -57,11 +57,14 @@ fn renew_once(inner: &Arc<Inner>, last_ok: &mut Instant) {
             message_id: id.as_deref(),
         })
         .collect();
+    let sent = Instant::now();
     match inner.coordinator.renew(&inner.id, &leases, &waiting) {
         Ok(renewal) => {
             *last_ok = Instant::now();
             for (state, kept) in held.iter().zip(renewal.held) {
-                if !kept {
+                if kept {
+                    state.renewed(sent, inner.ttl);
+                } else {
                     mark_lost(inner, state, "renewal refused");
                 }
             }
@@ -84,11 +87,13 @@ fn renew_once(inner: &Arc<Inner>, last_ok: &mut Instant) {
 }
 
 fn mark_lost(inner: &Inner, state: &TurnState, why: &str) {
+    // A turn released while the renewal was in flight is not lost, just gone.
+    if inner.held.lock().remove(&state.ticket.seq).is_none() {
+        return;
+    }
+    dec(&inner.metrics.held);
     if !state.lost.swap(true, Ordering::AcqRel) {
         inc(&inner.metrics.lost);
-        if inner.held.lock().remove(&state.ticket.seq).is_some() {
-            dec(&inner.metrics.held);
-        }
         log::warn!(
             target: "botmesh::lease",
             "turn on chat {:?} (token {}) lost: {why}",

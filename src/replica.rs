@@ -30,6 +30,14 @@ const RUNNING: u8 = 0;
 const STOPPING: u8 = 1;
 const ABORTED: u8 = 2;
 
+/// How long a grant learned of after the fact (a push, a re-check, a cancel) is
+/// trusted by this replica's clock before the next renewal confirms it: the backend
+/// grants at least two thirds of a TTL to a live replica's ticket, from a moment before
+/// we heard of it.
+fn pushed_lease(ttl: Duration) -> Duration {
+    ttl * 2 / 3
+}
+
 /// What runs when a queued ticket's wait ends: with the turn, or with why not.
 pub(crate) type OnGrant = Box<dyn FnOnce(Result<Turn, CoordinationUnavailableError>) + Send>;
 
@@ -118,7 +126,14 @@ impl Replica {
             coordinator,
             metrics,
             ttl,
-            seq: AtomicU64::new(0),
+            // Tickets of a restarted replica that reuses its id must not repeat the
+            // dead incarnation's: start from the wall clock in ns.
+            seq: AtomicU64::new(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX / 2))
+                    .unwrap_or(0),
+            ),
             state: AtomicU8::new(RUNNING),
             waiting: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
@@ -239,7 +254,8 @@ impl Replica {
             match self.inner.coordinator.cancel(&waiting) {
                 Ok(Some(grant)) => {
                     // Granted meanwhile: it may as well run.
-                    self.inner.grant_to(w, grant, true);
+                    let valid = Instant::now() + pushed_lease(self.inner.ttl);
+                    self.inner.grant_to(w, grant, true, valid);
                     continue;
                 }
                 Ok(None) => {}
@@ -284,10 +300,14 @@ impl Replica {
         let held: Vec<Arc<TurnState>> = self.inner.held.lock().drain().map(|(_, s)| s).collect();
         for state in &held {
             state.lost.store(true, Ordering::Release);
+            dec(&self.inner.metrics.held);
         }
         if how == ABORTED {
             // Forget the waiters without calling them, as a dead process would.
-            self.inner.waiting.lock().clear();
+            let forgotten = self.inner.waiting.lock().drain().count();
+            for _ in 0..forgotten {
+                dec(&self.inner.metrics.waiting);
+            }
             return;
         }
         let leases: Vec<_> = held.iter().map(|s| s.lease()).collect();
@@ -361,11 +381,13 @@ impl Inner {
             message_id,
             wait,
         };
+        let sent = Instant::now();
         match self.coordinator.enqueue(&request) {
             Ok(Enqueued::Granted(grant)) => {
                 inc(&self.metrics.accepted);
                 if let Some(w) = self.take_waiter(seq) {
-                    self.grant_to(w, grant, false);
+                    // The lease started after this request was sent.
+                    self.grant_to(w, grant, false, sent + self.ttl);
                 }
                 Ok(Accepted::Queued)
             }
@@ -404,32 +426,21 @@ impl Inner {
         }
         match self.take_waiter(grant.ticket.seq) {
             Some(w) => {
-                self.grant_to(w, grant, true);
+                let valid = Instant::now() + pushed_lease(self.ttl);
+                self.grant_to(w, grant, true, valid);
             }
             None => {
-                if self.held.lock().contains_key(&grant.ticket.seq) {
-                    return; // the same grant seen twice (push and re-check)
-                }
-                // The waiter was resolved another way (its wait ran out at the same
-                // moment). The token check makes this release harmless if stale.
-                log::debug!(target: "botmesh::replica", "releasing unclaimed grant {}", grant.ticket);
-                let lease = crate::coordinator::HeldLease {
-                    chat,
-                    ticket: &grant.ticket,
-                    token: grant.token,
-                };
-                match self.coordinator.release(&lease, None) {
-                    Ok(Released::Released { next: Some(next) }) => self.deliver(chat, next),
-                    Ok(_) => {}
-                    Err(e) => {
-                        log::warn!(target: "botmesh::replica", "release of unclaimed grant failed: {e}");
-                    }
-                }
+                // The same grant reached us twice (a push, a release's reply, the
+                // re-check, a cancel that found it granted); whoever took the waiter
+                // owns it. Releasing it here would free a turn a handler may be using.
+                log::debug!(target: "botmesh::replica", "grant {} on chat {chat:?} already taken", grant.ticket);
             }
         }
     }
 
-    fn grant_to(self: &Arc<Self>, w: Waiter, grant: Grant, queued: bool) {
+    /// Turns a grant into a held turn and hands it to the waiter. `valid_until` is when
+    /// the lease ends by this replica's own clock, at the latest.
+    fn grant_to(self: &Arc<Self>, w: Waiter, grant: Grant, queued: bool, valid_until: Instant) {
         let waited = w.since.elapsed();
         let state = Arc::new(TurnState {
             chat: w.chat,
@@ -439,6 +450,7 @@ impl Inner {
             message_id: w.message_id,
             waited,
             lost: Default::default(),
+            valid_until: std::sync::atomic::AtomicU64::new(crate::turn::clock_ns(valid_until)),
         });
         self.held.lock().insert(state.ticket.seq, state.clone());
         inc(&self.metrics.granted);
@@ -470,32 +482,47 @@ impl Inner {
                 state.message_id.as_deref(),
             )
         };
-        if self.held.lock().remove(&state.ticket.seq).is_some() {
+        let was_held = self.held.lock().remove(&state.ticket.seq).is_some();
+        if was_held {
             dec(&self.metrics.held);
         }
         if self.is_aborted() {
             // A crashed replica releases nothing; its lease expires.
             return Err(lost_err());
         }
-        if state.lost.load(Ordering::Acquire) {
-            return Err(lost_err());
+        // Known lost here (by the renewal, or by our own clock): still release at the
+        // coordinator, which refuses it if the chat moved on and frees it at once if not.
+        let locally_lost = state.is_lost();
+        if locally_lost && was_held {
+            inc(&self.metrics.lost);
         }
         match self.coordinator.release(&state.lease(), handled) {
             Ok(Released::Released { next }) => {
                 if let Some(grant) = next {
                     self.deliver(&state.chat, grant);
                 }
+                if locally_lost {
+                    return Err(lost_err());
+                }
                 Ok(())
             }
             Ok(Released::Lost) => {
                 state.lost.store(true, Ordering::Release);
-                inc(&self.metrics.lost);
+                if was_held && !locally_lost {
+                    inc(&self.metrics.lost);
+                }
                 Err(lost_err())
             }
             Err(e) => {
                 inc(&self.metrics.backend_errors);
+                // Known lost is the more useful verdict: the lease is gone either way.
+                let reason = if locally_lost {
+                    Reason::Lost
+                } else {
+                    Reason::Backend
+                };
                 Err(CoordinationUnavailableError::new(
-                    Reason::Backend,
+                    reason,
                     &state.chat,
                     state.message_id.as_deref(),
                 )
@@ -507,12 +534,16 @@ impl Inner {
     /// The waiting tickets whose place in the queue is confirmed, for the renewal
     /// tick: (chat, seq, message id).
     pub(crate) fn placed_waiters(&self) -> Vec<PlacedWaiter> {
-        self.waiting
+        let mut list: Vec<PlacedWaiter> = self
+            .waiting
             .lock()
             .iter()
             .filter(|(_, w)| w.placed)
             .map(|(seq, w)| (w.chat.clone(), *seq, w.message_id.clone()))
-            .collect()
+            .collect();
+        // In intake order, so tickets queued again keep their relative order.
+        list.sort_unstable_by_key(|w| w.1);
+        list
     }
 
     /// Acts on the re-check's findings: grants found are delivered (a lost wake-up),
@@ -617,7 +648,10 @@ impl Inner {
             message_id: w.message_id.as_deref(),
         };
         match self.coordinator.cancel(&waiting) {
-            Ok(Some(grant)) => self.grant_to(w, grant, true),
+            Ok(Some(grant)) => {
+                let valid = Instant::now() + pushed_lease(self.ttl);
+                self.grant_to(w, grant, true, valid);
+            }
             Ok(None) => {
                 inc(&self.metrics.timed_out);
                 let err = CoordinationUnavailableError::new(

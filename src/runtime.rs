@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::config::{ConfigError, CoordinationConfig, CoordinatorConfig};
-use crate::coordinator::{BackendError, Coordinator};
+use crate::config::{ConfigError, CoordinationConfig};
+use crate::coordinator::BackendError;
 use crate::error::{CoordinationUnavailableError, Error, HandlerError, Reason};
 use crate::memory::MemoryCoordinator;
 use crate::message::{Message, Outcome};
@@ -256,13 +256,7 @@ impl BotBuilder {
         let (replica, turn_wait) = match &self.coordination {
             Some(config) => {
                 config.validate().map_err(StartError::Config)?;
-                let coordinator: Arc<dyn Coordinator> = match &config.coordinator {
-                    CoordinatorConfig::Memory(o) => Arc::new(MemoryCoordinator::with_settings(
-                        o.lease_ttl,
-                        o.dedup_window,
-                    )),
-                    CoordinatorConfig::Shared(c) => c.clone(),
-                };
+                let coordinator = config.coordinator.build().map_err(StartError::Backend)?;
                 let replica = Replica::start_with(id, coordinator, metrics.clone(), true)
                     .map_err(StartError::Backend)?;
                 (replica, config.turn_wait)

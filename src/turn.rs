@@ -1,8 +1,9 @@
 //! `Turn`: a held, fenced, leased turn on one chat.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::coordinator::{HeldLease, Previous, Ticket, Token};
 use crate::error::CoordinationUnavailableError;
@@ -17,9 +18,39 @@ pub(crate) struct TurnState {
     pub(crate) message_id: Option<Arc<str>>,
     pub(crate) waited: Duration,
     pub(crate) lost: AtomicBool,
+    /// When the lease ends by this replica's clock unless renewed ([`clock_ns`]).
+    pub(crate) valid_until: AtomicU64,
+}
+
+/// Nanoseconds of `t` since a process-wide base instant: a monotonic clock that fits
+/// in an atomic.
+pub(crate) fn clock_ns(t: Instant) -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    let base = *BASE.get_or_init(Instant::now);
+    u64::try_from(t.saturating_duration_since(base).as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl TurnState {
+    /// Lost by the renewal's verdict, or by our own clock: the lease ran out without a
+    /// renewal confirming it (the backend unreachable, a pause). Once lost, always
+    /// lost.
+    pub(crate) fn is_lost(&self) -> bool {
+        if self.lost.load(Ordering::Acquire) {
+            return true;
+        }
+        if clock_ns(Instant::now()) > self.valid_until.load(Ordering::Acquire) {
+            self.lost.store(true, Ordering::Release);
+            return true;
+        }
+        false
+    }
+
+    /// Extends the lease by our clock after a renewal sent at `sent` succeeded.
+    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
+        self.valid_until
+            .fetch_max(clock_ns(sent + ttl), Ordering::AcqRel);
+    }
+
     pub(crate) fn lease(&self) -> HeldLease<'_> {
         HeldLease {
             chat: &self.chat,
@@ -87,10 +118,13 @@ impl Turn {
         self.state.waited
     }
 
-    /// Whether the lease was lost: renewal was refused, or the backend was unreachable
-    /// for longer than the TTL. A lost turn no longer excludes anyone; stop work.
+    /// Whether the lease was lost: renewal was refused, the backend was unreachable for
+    /// longer than the TTL, or the TTL ran out by this replica's own clock since the last
+    /// renewal that succeeded (so a holder learns of it no later than the backend
+    /// expires the lease, give or take clock drift over one TTL). Once true, it stays
+    /// true. A lost turn no longer excludes anyone; stop work.
     pub fn is_lost(&self) -> bool {
-        self.state.lost.load(Ordering::Acquire)
+        self.state.is_lost()
     }
 
     /// Releases the turn, handing the chat to its next waiter.

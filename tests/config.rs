@@ -10,7 +10,7 @@ use botmesh::coordinator::{
 };
 use botmesh::{
     ConfigError, CoordinationConfig, Coordinator, CoordinatorConfig, FallbackPolicy, FlowsPolicy,
-    HandoverConfig, MemoryOptions, ProviderSession,
+    HandoverConfig, MemoryCoordinator, MemoryOptions, ProviderSession,
 };
 
 // ----- helpers
@@ -443,8 +443,17 @@ fn unknown_key_in_memory_options() {
 #[test]
 fn unknown_backend() {
     json_err(
+        r#"{"coordinator": {"etcd": {"url": "http://localhost:2379"}}}"#,
+        &["coordinator", r#""etcd""#, r#""memory""#],
+    );
+}
+
+#[cfg(not(feature = "redis"))]
+#[test]
+fn redis_backend_needs_the_feature() {
+    json_err(
         r#"{"coordinator": {"redis": {"url": "redis://localhost"}}}"#,
-        &["coordinator", r#""redis""#, r#""memory""#],
+        &["coordinator", r#""redis""#, "cargo feature"],
     );
 }
 
@@ -774,4 +783,388 @@ turnWaitMs = "45s"
 
     let bot: BotConfig = toml::from_str("name = \"shop\"\n").expect("bot config");
     assert!(bot.coordination.is_none());
+}
+
+// ----- sharing one coordinator
+
+#[test]
+fn from_arc_of_a_concrete_coordinator() {
+    let c: CoordinatorConfig = Arc::new(MemoryCoordinator::new()).into();
+    assert!(matches!(c, CoordinatorConfig::Shared(_)), "{c:?}");
+    assert_eq!(c.backend(), "memory");
+    assert_eq!(format!("{c:?}"), r#"Shared("memory")"#);
+
+    // The same instance goes in.
+    let memory = Arc::new(MemoryCoordinator::new());
+    let config = CoordinationConfig::new(memory.clone().into());
+    let as_dyn: Arc<dyn Coordinator> = memory;
+    match &config.coordinator {
+        CoordinatorConfig::Shared(inner) => assert!(Arc::ptr_eq(inner, &as_dyn)),
+        other => panic!("expected a shared coordinator, got {other:?}"),
+    }
+
+    // Any coordinator type converts, not only the memory one.
+    let c: CoordinatorConfig = Arc::new(NamedBackend).into();
+    assert_eq!(c.backend(), "test-backend");
+}
+
+fn shared_inner(config: &CoordinationConfig) -> Arc<dyn Coordinator> {
+    match &config.coordinator {
+        CoordinatorConfig::Shared(inner) => inner.clone(),
+        other => panic!("expected a shared coordinator, got {other:?}"),
+    }
+}
+
+#[test]
+fn shared_config_clones_use_one_coordinator() {
+    let spec = CoordinationConfig::new(CoordinatorConfig::Memory(
+        MemoryOptions::default().with_lease_ttl(Duration::from_secs(3)),
+    ))
+    .with_turn_wait(Duration::from_secs(7));
+
+    let config = spec.clone().shared().expect("memory coordinator builds");
+    // The other settings are kept.
+    assert_eq!(config.turn_wait, Duration::from_secs(7));
+    let first = shared_inner(&config);
+    assert_eq!(first.backend(), "memory");
+    assert_eq!(first.lease_ttl(), Duration::from_secs(3));
+    for copy in [config.clone(), config.clone()] {
+        assert!(Arc::ptr_eq(&first, &shared_inner(&copy)));
+        // Building a shared config hands out the same instance too.
+        let built = copy.coordinator.build().expect("shared builds");
+        assert!(Arc::ptr_eq(&first, &built));
+    }
+
+    // Sharing a config that is already shared keeps its instance.
+    let again = config.clone().shared().expect("already shared");
+    assert!(Arc::ptr_eq(&first, &shared_inner(&again)));
+
+    // A memory spec, by contrast, creates a new coordinator on every build.
+    let a = spec.coordinator.build().expect("builds");
+    let b = spec.coordinator.build().expect("builds");
+    assert!(!Arc::ptr_eq(&a, &b));
+    let other = spec.shared().expect("builds");
+    assert!(!Arc::ptr_eq(&first, &shared_inner(&other)));
+}
+
+#[test]
+fn build_refuses_invalid_memory_options() {
+    let config = CoordinationConfig::new(CoordinatorConfig::Memory(
+        MemoryOptions::default().with_lease_ttl(Duration::from_millis(1)),
+    ));
+    let err = config.shared().expect_err("lease TTL too short");
+    assert!(
+        err.to_string().contains("coordinator.memory.leaseTtlMs"),
+        "{err}"
+    );
+}
+
+// ----- redis
+
+#[cfg(feature = "redis")]
+mod redis {
+    use super::*;
+    use botmesh::redis::RedisOptions;
+
+    fn redis(config: &CoordinationConfig) -> RedisOptions {
+        match &config.coordinator {
+            CoordinatorConfig::Redis(options) => options.clone(),
+            other => panic!("expected a redis coordinator, got {other:?}"),
+        }
+    }
+
+    fn assert_full_redis(config: &CoordinationConfig) {
+        let options = redis(config);
+        assert_eq!(options.url, "redis://user:pass@host:6379/0");
+        assert_eq!(options.key_prefix, "mybot");
+        assert_eq!(options.lease_ttl, Duration::from_secs(10));
+        assert_eq!(options.dedup_window, Duration::from_secs(600));
+        assert_eq!(options.command_timeout, Duration::from_secs(2));
+        assert_eq!(config.coordinator.backend(), "redis");
+        assert_eq!(config.turn_wait, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn camel_case_json() {
+        let config = json(
+            r#"{"coordinator": {"redis": {"url": "redis://user:pass@host:6379/0",
+                "keyPrefix": "mybot", "leaseTtl": "10s", "dedupWindow": "10m",
+                "commandTimeout": "2s"}}, "turnWaitMs": 30000}"#,
+        );
+        assert_full_redis(&config);
+        let config = json(
+            r#"{"coordinator": {"redis": {"url": "redis://user:pass@host:6379/0",
+                "keyPrefix": "mybot", "leaseTtlMs": 10000, "dedupWindowMs": 600000,
+                "commandTimeoutMs": 2000}}, "turnWaitMs": 30000}"#,
+        );
+        assert_full_redis(&config);
+    }
+
+    #[test]
+    fn snake_case_json() {
+        let config = json(
+            r#"{"coordinator": {"redis": {"url": "redis://user:pass@host:6379/0",
+                "key_prefix": "mybot", "lease_ttl_ms": 10000, "dedup_window_ms": "10m",
+                "command_timeout_ms": 2000}}, "turn_wait_ms": 30000}"#,
+        );
+        assert_full_redis(&config);
+        let config = json(
+            r#"{"coordinator": {"redis": {"url": "redis://user:pass@host:6379/0",
+                "key_prefix": "mybot", "lease_ttl": "10s", "dedup_window": "10m",
+                "command_timeout": "2s"}}, "turn_wait": "30s"}"#,
+        );
+        assert_full_redis(&config);
+    }
+
+    #[test]
+    fn camel_and_snake_case_toml() {
+        let config = toml_ok(
+            r#"
+turnWaitMs = 30000
+[coordinator.redis]
+url = "redis://user:pass@host:6379/0"
+keyPrefix = "mybot"
+leaseTtl = "10s"
+dedupWindowMs = 600000
+commandTimeout = "2s"
+"#,
+        );
+        assert_full_redis(&config);
+        let config = toml_ok(
+            r#"
+turn_wait = "30s"
+[coordinator.redis]
+url = "redis://user:pass@host:6379/0"
+key_prefix = "mybot"
+lease_ttl_ms = 10000
+dedup_window = "10m"
+command_timeout_ms = 2000
+"#,
+        );
+        assert_full_redis(&config);
+    }
+
+    #[test]
+    fn only_url_takes_defaults_and_every_scheme_is_accepted() {
+        for url in [
+            "redis://127.0.0.1:6379",
+            "rediss://host:6380",
+            "redis+unix:///tmp/redis.sock",
+            "unix:///tmp/redis.sock",
+            "REDIS://HOST:6379",
+        ] {
+            let config = json(&format!(
+                r#"{{"coordinator": {{"redis": {{"url": "{url}"}}}}}}"#
+            ));
+            let options = redis(&config);
+            let defaults = RedisOptions::new(url);
+            assert_eq!(options.url, url);
+            assert_eq!(options.key_prefix, defaults.key_prefix);
+            assert_eq!(options.lease_ttl, defaults.lease_ttl);
+            assert_eq!(options.dedup_window, defaults.dedup_window);
+            assert_eq!(options.command_timeout, defaults.command_timeout);
+            assert!(config.validate().is_ok());
+        }
+        let options: RedisOptions =
+            serde_json::from_str(r#"{"url": "redis://h:1", "keyPrefix": "p"}"#).expect("options");
+        assert_eq!(options.key_prefix, "p");
+    }
+
+    #[test]
+    fn missing_url() {
+        json_err(
+            r#"{"coordinator": {"redis": {"keyPrefix": "mybot"}}}"#,
+            &["coordinator.redis.url", "missing"],
+        );
+        json_err(
+            r#"{"coordinator": {"redis": {}}}"#,
+            &["coordinator.redis.url", "missing"],
+        );
+        toml_err(
+            "[coordinator.redis]\nkey_prefix = \"mybot\"\n",
+            &["coordinator.redis.url", "missing"],
+        );
+        let err = serde_json::from_str::<RedisOptions>("{}").expect_err("no url");
+        assert!(err.to_string().contains("url: missing"), "{err}");
+    }
+
+    #[test]
+    fn bad_url_is_refused_without_showing_it() {
+        for url in [
+            "http://user:secret@x",
+            "secret",
+            "redis:/secret@x",
+            "redis://",
+            "",
+        ] {
+            let message = json_err(
+                &format!(r#"{{"coordinator": {{"redis": {{"url": "{url}"}}}}}}"#),
+                &["coordinator.redis.url"],
+            );
+            assert!(!message.contains("secret"), "{message}");
+        }
+        json_err(
+            r#"{"coordinator": {"redis": {"url": "http://user:secret@x"}}}"#,
+            &[
+                "coordinator.redis.url: not a Redis URL",
+                "redis://host:port",
+            ],
+        );
+        // The spelling of the field is kept; TOML reports the same message (its own
+        // rendering adds the source line, so only the message itself is checked).
+        let err = toml::from_str::<CoordinationConfig>(
+            "[coordinator.redis]\nurl = \"http://user:secret@x\"\n",
+        )
+        .expect_err("bad scheme");
+        assert!(
+            err.message()
+                .contains("coordinator.redis.url: not a Redis URL"),
+            "{err}"
+        );
+        assert!(!err.message().contains("secret"), "{err}");
+
+        // A URL of the wrong type, or given in place of the options map or of the
+        // coordinator, is not shown either.
+        for text in [
+            r#"{"coordinator": {"redis": {"url": ["redis://user:secret@x"]}}}"#,
+            r#"{"coordinator": {"redis": {"url": {"redis://user:secret@x": 1}}}}"#,
+            r#"{"coordinator": {"redis": "redis://user:secret@x"}}"#,
+            r#"{"coordinator": "redis://user:secret@x"}"#,
+        ] {
+            let message = json_err(text, &["coordinator"]);
+            assert!(!message.contains("secret"), "{message}");
+        }
+        json_err(
+            r#"{"coordinator": {"redis": {"url": 5}}}"#,
+            &["coordinator.redis.url", "is a number", "redis://"],
+        );
+
+        // Set in code: validate() refuses it the same way.
+        let config = CoordinationConfig::new(CoordinatorConfig::redis("http://user:secret@x"));
+        let err = config.validate().expect_err("bad scheme");
+        assert!(
+            err.to_string()
+                .contains("coordinator.redis.url: not a Redis URL"),
+            "{err}"
+        );
+        assert!(!err.to_string().contains("secret"), "{err}");
+        let err = config.shared().expect_err("bad scheme");
+        assert!(!err.to_string().contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn debug_never_shows_the_url() {
+        let config =
+            json(r#"{"coordinator": {"redis": {"url": "redis://user:secret@host:6379"}}}"#);
+        for shown in [format!("{config:?}"), format!("{:?}", config.coordinator)] {
+            assert!(!shown.contains("secret"), "{shown}");
+            assert!(shown.contains("Redis"), "{shown}");
+            assert!(shown.contains("<redacted>"), "{shown}");
+            assert!(shown.contains("botmesh"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn key_prefix_with_a_brace_or_empty() {
+        json_err(
+            r#"{"coordinator": {"redis": {"url": "redis://h:6379", "keyPrefix": "my{bot}"}}}"#,
+            &["coordinator.redis.keyPrefix", r#""my{bot}""#, "brace"],
+        );
+        json_err(
+            r#"{"coordinator": {"redis": {"url": "redis://h:6379", "key_prefix": "a}"}}}"#,
+            &["coordinator.redis.key_prefix", r#""a}""#],
+        );
+        json_err(
+            r#"{"coordinator": {"redis": {"url": "redis://h:6379", "keyPrefix": ""}}}"#,
+            &["coordinator.redis.keyPrefix", r#""""#, "empty"],
+        );
+        json_err(
+            r#"{"coordinator": {"redis": {"url": "redis://h:6379", "keyPrefix": 3}}}"#,
+            &["coordinator.redis.keyPrefix: 3 is a number"],
+        );
+        toml_err(
+            "[coordinator.redis]\nurl = \"redis://h:6379\"\nkeyPrefix = \"{x\"\n",
+            &["coordinator.redis.keyPrefix", r#""{x""#],
+        );
+        let err =
+            CoordinationConfig::new(RedisOptions::new("redis://h").with_key_prefix("{x}").into())
+                .validate()
+                .expect_err("brace");
+        assert!(
+            err.to_string()
+                .contains(r#"coordinator.redis.keyPrefix: "{x}""#),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unknown_key_in_redis_options() {
+        let message = json_err(
+            r#"{"coordinator": {"redis": {"url": "redis://h:6379", "password": "x"}}}"#,
+            &[r#""password""#, "coordinator.redis", "url, keyPrefix"],
+        );
+        assert!(!message.contains("redis://h:6379"), "{message}");
+        json_err(
+            r#"{"coordinator": {"redis": {"url": "redis://h:6379", "keyprefix": "x"}}}"#,
+            &[r#""keyprefix""#, r#"did you mean "keyPrefix""#],
+        );
+        toml_err(
+            "[coordinator.redis]\nurl = \"redis://h:6379\"\nprefix = \"x\"\n",
+            &[r#""prefix""#, "coordinator.redis"],
+        );
+        json_err(
+            r#"{"coordinator": {"redis": {"url": "redis://h:6379", "leaseTtl": "1s", "lease_ttl_ms": 1000}}}"#,
+            &["coordinator.redis.lease_ttl_ms", "given twice"],
+        );
+        json_err(
+            r#"{"coordinator": {"redis": {"url": "redis://h"}, "memory": {}}}"#,
+            &[r#""memory""#, r#""redis""#, "exactly one backend"],
+        );
+    }
+
+    #[test]
+    fn redis_durations() {
+        json_err(
+            r#"{"coordinator": {"redis": {"url": "redis://h:6379", "leaseTtlMs": 9}}}"#,
+            &["coordinator.redis.leaseTtlMs: 9 is too short", "10ms"],
+        );
+        json_err(
+            r#"{"coordinator": {"redis": {"url": "redis://h:6379", "commandTimeout": "0s"}}}"#,
+            &[r#"coordinator.redis.commandTimeout: "0s" is too short"#],
+        );
+        json_err(
+            r#"{"coordinator": {"redis": {"url": "redis://h:6379", "dedupWindowMs": -1}}}"#,
+            &["coordinator.redis.dedupWindowMs: -1 is negative"],
+        );
+        let config = json(
+            r#"{"coordinator": {"redis": {"url": "redis://h:6379", "leaseTtl": "10ms", "dedupWindow": 0}}}"#,
+        );
+        assert_eq!(redis(&config).lease_ttl, Duration::from_millis(10));
+        assert_eq!(redis(&config).dedup_window, Duration::ZERO);
+
+        let err = CoordinationConfig::new(
+            RedisOptions::new("redis://h")
+                .with_command_timeout(Duration::ZERO)
+                .into(),
+        )
+        .validate()
+        .expect_err("zero timeout");
+        assert!(
+            err.to_string()
+                .contains("coordinator.redis.commandTimeoutMs"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn build_reports_an_unreachable_server_without_the_url() {
+        // Port 1 on loopback refuses connections at once.
+        let config = CoordinationConfig::new(
+            RedisOptions::new("redis://user:secret@127.0.0.1:1")
+                .with_command_timeout(Duration::from_millis(500))
+                .into(),
+        );
+        let err = config.shared().expect_err("nothing listens on port 1");
+        assert!(!err.to_string().contains("secret"), "{err}");
+    }
 }

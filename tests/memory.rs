@@ -26,3 +26,17 @@ impl conformance::Harness for Memory {
 }
 
 conformance::suite!(Memory);
+
+/// Two live replicas may not share an id: they would take each other's grants.
+#[test]
+fn duplicate_replica_id_is_refused() {
+    let c = Arc::new(MemoryCoordinator::new());
+    let a = botmesh::Replica::start("same", c.clone()).expect("first");
+    let err = botmesh::Replica::start("same", c.clone()).expect_err("second");
+    assert!(err.to_string().contains("\"same\""), "{err}");
+    a.shutdown();
+    // After a clean stop the name is free again.
+    botmesh::Replica::start("same", c)
+        .expect("reuse")
+        .shutdown();
+}

@@ -435,6 +435,99 @@ pub fn lost_lease_is_reported<H: Harness>() {
     b.shutdown();
 }
 
+/// A waiter whose wake-ups are all lost still gets the turn, through the re-check in
+/// the renewal tick (at most every TTL/3).
+pub fn lost_wakeup_is_covered_by_recheck<H: Harness>() {
+    let ttl = Duration::from_millis(600);
+    let h = H::start(ttl);
+    let deaf: Arc<dyn Coordinator> = Arc::new(Deaf {
+        inner: h.coordinator(),
+    });
+    let a = Replica::start("a", h.coordinator()).expect("start");
+    let b = Arc::new(Replica::start("b", deaf).expect("start"));
+    let turn = a.acquire("chat", LONG).expect("acquire");
+    let (tx, rx) = unbounded();
+    let b2 = b.clone();
+    let waiter = thread::spawn(move || {
+        let t = b2
+            .acquire("chat", LONG)
+            .expect("b gets the turn without a wake-up");
+        let _ = tx.send(Instant::now());
+        drop(t);
+    });
+    // Wait until b's ticket is queued, so the measured time is the re-check's alone.
+    while b.metrics().tickets_waiting == 0 {
+        thread::yield_now();
+    }
+    let released = Instant::now();
+    turn.release().expect("release");
+    let got = recv(&rx, "b's grant through the re-check");
+    // One re-check period (TTL/3) plus scheduling slack; never the full turn_wait.
+    assert!(
+        got.duration_since(released) < ttl * 2,
+        "took {:?}",
+        got.duration_since(released)
+    );
+    waiter.join().expect("waiter");
+    Arc::into_inner(b).expect("sole owner").shutdown();
+    a.shutdown();
+}
+
+/// A coordinator whose pushes never arrive: every wake-up is lost.
+struct Deaf {
+    inner: Arc<dyn Coordinator>,
+}
+
+impl Coordinator for Deaf {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn lease_ttl(&self) -> Duration {
+        self.inner.lease_ttl()
+    }
+    fn attach(
+        &self,
+        r: &botmesh::ReplicaId,
+        _sink: botmesh::coordinator::GrantSink,
+    ) -> Result<(), botmesh::coordinator::BackendError> {
+        self.inner.attach(r, Arc::new(|_: &str, _| {}))
+    }
+    fn detach(
+        &self,
+        r: &botmesh::ReplicaId,
+        h: &[HeldLease<'_>],
+    ) -> Result<(), botmesh::coordinator::BackendError> {
+        self.inner.detach(r, h)
+    }
+    fn enqueue(
+        &self,
+        q: &EnqueueRequest<'_>,
+    ) -> Result<Enqueued, botmesh::coordinator::BackendError> {
+        self.inner.enqueue(q)
+    }
+    fn cancel(
+        &self,
+        w: &Waiting<'_>,
+    ) -> Result<Option<botmesh::Grant>, botmesh::coordinator::BackendError> {
+        self.inner.cancel(w)
+    }
+    fn release(
+        &self,
+        l: &HeldLease<'_>,
+        h: Option<&str>,
+    ) -> Result<Released, botmesh::coordinator::BackendError> {
+        self.inner.release(l, h)
+    }
+    fn renew(
+        &self,
+        r: &botmesh::ReplicaId,
+        l: &[HeldLease<'_>],
+        w: &[Waiting<'_>],
+    ) -> Result<botmesh::coordinator::Renewal, botmesh::coordinator::BackendError> {
+        self.inner.renew(r, l, w)
+    }
+}
+
 /// A coordinator wrapper whose renewals fail while `cut` is set: a replica cut off from
 /// the backend.
 struct Partition {
@@ -623,6 +716,23 @@ pub fn clean_stop_frees_at_once<H: Harness>() {
     waiter.join().expect("waiter");
 }
 
+/// Turns still held when their replica stops read as lost, and the chat is free.
+pub fn stopping_replica_loses_its_turns<H: Harness>() {
+    let h = H::start(Duration::from_secs(60));
+    let a = Replica::start("a", h.coordinator()).expect("start");
+    let b = Replica::start("b", h.coordinator()).expect("start");
+    let turn = a.acquire("chat", LONG).expect("acquire");
+    a.shutdown();
+    assert!(turn.is_lost());
+    let next = b
+        .acquire("chat", Duration::from_secs(5))
+        .expect("free at once");
+    assert!(next.fencing_token() > turn.fencing_token());
+    assert_eq!(turn.release().expect_err("stale").reason, Reason::Lost);
+    next.release().expect("release");
+    b.shutdown();
+}
+
 /// Chat ids are any UTF-8 string and never collide.
 pub fn any_chat_id<H: Harness>() {
     let h = H::start(Duration::from_secs(10));
@@ -762,6 +872,16 @@ macro_rules! suite {
         fn clean_stop_frees_at_once() {
             let _serial = conformance::serial();
             conformance::clean_stop_frees_at_once::<$h>();
+        }
+        #[test]
+        fn stopping_replica_loses_its_turns() {
+            let _serial = conformance::serial();
+            conformance::stopping_replica_loses_its_turns::<$h>();
+        }
+        #[test]
+        fn lost_wakeup_is_covered_by_recheck() {
+            let _serial = conformance::serial();
+            conformance::lost_wakeup_is_covered_by_recheck::<$h>();
         }
         #[test]
         fn any_chat_id() {
