@@ -8,17 +8,18 @@
 //!
 //! | key | type | holds | expiry |
 //! | --- | --- | --- | --- |
-//! | `P:{c}:h` | hash | the holder: ticket `t`, token `k`, replica `r`, previous holder `pr`/`pk` | the lease TTL |
+//! | `P:{c}:h` | string | the holder: ticket, token, previous replica and token, NUL-separated | the lease TTL |
 //! | `P:{c}:q` | list | tickets in arrival order (FIFO) | 3 × TTL, refreshed by waiters |
 //! | `P:{c}:w` | hash | ticket → alive-until (µs, server clock), refreshed every renewal | 3 × TTL, refreshed |
-//! | `P:{c}:l` | hash | the last grant's token and replica | 1 h |
+//! | `P:{c}:l` | string | the last grant's token and replica, NUL-separated | 1 h |
 //! | `P:{c}:m:<id>` | string | the ticket that claimed message `<id>`, or `!` once handled | the dedup window |
 //!
 //! A ticket is `<seq>:<replica>`. Five Lua scripts, loaded once and called by SHA
 //! (reloaded on `NOSCRIPT`, also inside pipelines), do all changes atomically:
 //!
-//! - `enqueue` (one round trip): duplicate check and claim, `RPUSH` the ticket, and if
-//!   the chat is free grant it at once. Idempotent per ticket, so a retry after a lost
+//! - `enqueue` (one round trip): duplicate check and claim; a free chat with an empty
+//!   queue is granted at once (about eight `redis.call`s), otherwise the ticket is
+//!   queued with `RPUSH`. Idempotent per ticket, so a retry after a lost
 //!   reply neither queues a ticket twice nor hands out a second token.
 //! - `release` (one round trip): if the holder is still this ticket and token, delete
 //!   it and hand the chat to the first live ticket in the queue; otherwise answer
@@ -71,23 +72,32 @@ local h, q, w, l, m = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local chat, t = ARGV[1], ARGV[2]
 local ttl, hist, wake = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local hv = holder(h)
-if hv[1] == t then return {'granted', t, hv[2], hv[3] or '', hv[4] or ''} end
-if redis.call('HEXISTS', w, t) == 1 then return {'queued'} end
+if hv and hv[1] == t then return {'granted', t, hv[2], hv[3], hv[4]} end
+local queued = redis.call('LLEN', q)
+if queued > 0 and redis.call('HEXISTS', w, t) == 1 then return {'queued'} end
 local now = now_us()
 if m then
   local c = redis.call('GET', m)
   if c == '!' then return {'duplicate'} end
   if c and c ~= t then
+    if hv and hv[1] == c then return {'duplicate'} end
     local wc = tonumber(redis.call('HGET', w, c))
-    if hv[1] == c or (wc and wc > now) then return {'duplicate'} end
+    if wc and wc > now then return {'duplicate'} end
   end
   if c then redis.call('SET', m, t, 'KEEPTTL') else redis.call('SET', m, t, 'PX', ARGV[6]) end
+end
+local mine = function(x) return x == t end
+if not hv and queued == 0 then
+  local g = grant(h, l, chat, t, now, ttl, hist, wake, mine)
+  return {'granted', t, g[2], g[3], g[4]}
 end
 redis.call('RPUSH', q, t)
 redis.call('HSET', w, t, num(now + ttl * 1000))
 touch(q, w, ttl)
-local g = settle(h, q, w, l, chat, ttl, hist, wake, function(x) return x == t end)
-if g and g[1] == t then return {'granted', t, g[2], g[3], g[4]} end
+if not hv then
+  local g = settle(h, q, w, l, chat, ttl, hist, wake, mine)
+  if g and g[1] == t then return {'granted', t, g[2], g[3], g[4]} end
+end
 return {'queued'}
 "#;
 
@@ -96,9 +106,10 @@ local h, q, w, l, m = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local chat, t = ARGV[1], ARGV[2]
 local ttl, hist, wake = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local me = ARGV[7]
-local hv = redis.call('HMGET', h, 't', 'k')
-if hv[1] ~= t or hv[2] ~= ARGV[6] then
-  settle(h, q, w, l, chat, ttl, hist, wake, function() return false end)
+local hv = holder(h)
+if not hv or hv[1] ~= t or hv[2] ~= ARGV[6] then
+  -- Not ours any more. If the lease simply expired, move the chat on.
+  if not hv then settle(h, q, w, l, chat, ttl, hist, wake, never) end
   return {'lost'}
 end
 redis.call('DEL', h)
@@ -109,8 +120,9 @@ return {'released'}
 "#;
 
 const RENEW: &str = r#"
-local hv = redis.call('HMGET', KEYS[1], 't', 'k')
-if hv[1] == ARGV[1] and hv[2] == ARGV[2] then
+local v = redis.call('GET', KEYS[1])
+local ours = ARGV[1] .. '\0' .. ARGV[2] .. '\0'
+if v and string.sub(v, 1, #ours) == ours then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return 1
 end
@@ -121,9 +133,12 @@ const CHECK: &str = r#"
 local h, q, w, l = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local chat, t = ARGV[1], ARGV[2]
 local ttl, hist, wake = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-settle(h, q, w, l, chat, ttl, hist, wake, function(x) return x == t end)
 local hv = holder(h)
-if hv[1] == t then return {'granted', t, hv[2], hv[3] or '', hv[4] or ''} end
+if not hv then
+  local g = settle(h, q, w, l, chat, ttl, hist, wake, function(x) return x == t end)
+  if g then hv = {g[1], g[2], g[3], g[4]} end
+end
+if hv and hv[1] == t then return {'granted', t, hv[2], hv[3], hv[4]} end
 if redis.call('HEXISTS', w, t) == 1 then
   redis.call('HSET', w, t, num(now_us() + ttl * 1000))
   touch(q, w, ttl)
@@ -136,9 +151,12 @@ const CANCEL: &str = r#"
 local h, q, w, l, m = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local chat, t = ARGV[1], ARGV[2]
 local ttl, hist, wake = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-settle(h, q, w, l, chat, ttl, hist, wake, function(x) return x == t end)
 local hv = holder(h)
-if hv[1] == t then return {'granted', t, hv[2], hv[3] or '', hv[4] or ''} end
+if not hv then
+  local g = settle(h, q, w, l, chat, ttl, hist, wake, function(x) return x == t end)
+  if g then hv = {g[1], g[2], g[3], g[4]} end
+end
+if hv and hv[1] == t then return {'granted', t, hv[2], hv[3], hv[4]} end
 redis.call('LREM', q, 0, t)
 redis.call('HDEL', w, t)
 if m and redis.call('GET', m) == t then redis.call('DEL', m) end

@@ -1,11 +1,26 @@
--- Shared prelude of botmesh's Redis scripts (prepended to each script below).
--- Keys of one chat share the hash tag {<chat>} so a script touches one slot:
---   h  holder:   HASH t=ticket k=token r=replica pr=previous replica pk=previous token; PX = lease
---   q  queue:    LIST of tickets in arrival order
---   w  waiting:  HASH ticket -> alive-until (server time, us); kept fresh by renewals
---   l  last:     HASH k=last token r=last replica; PX = history
---   m  claim:    STRING ticket of the message id's claimant, or "!" once handled; PX = dedup window
--- A ticket is "<seq>:<replica>". Times are Redis TIME in microseconds.
+-- Shared prelude of botmesh's Redis scripts (prepended to each script in redis.rs).
+-- Keys of one chat share the hash tag {<chat>} so that a script touches one slot:
+--   h  holder:  STRING t NUL k NUL pr NUL pk (ticket, token, previous replica and
+--               token); PX = the lease
+--   q  queue:   LIST of tickets in arrival order
+--   w  waiting: HASH ticket -> alive-until (server time, us), refreshed by renewals
+--   l  last:    STRING k NUL r (last token and replica); PX = history
+--   m  claim:   STRING the message id's claimant ticket, or "!" once handled
+-- A ticket is "<seq>:<replica>". Times are Redis TIME in microseconds. Every
+-- redis.call costs about a microsecond, so the uncontended paths make few.
+local SEP = '\0'
+local function split(s)
+  local out, i = {}, 1
+  while true do
+    local j = string.find(s, SEP, i, true)
+    if not j then
+      out[#out + 1] = string.sub(s, i)
+      return out
+    end
+    out[#out + 1] = string.sub(s, i, j - 1)
+    i = j + 1
+  end
+end
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -15,41 +30,48 @@ local function replica_of(t)
   local i = string.find(t, ':', 1, true)
   return string.sub(t, i + 1)
 end
+-- The holder as {t, k, pr, pk}, or nil.
 local function holder(h)
-  local v = redis.call('HMGET', h, 't', 'k', 'pr', 'pk')
-  return v
+  local v = redis.call('GET', h)
+  if not v then return nil end
+  return split(v)
 end
--- Hands a free chat to the first live ticket; returns {ticket, token, prev_r, prev_k, replica}
--- or nil. Publishes the grant to its replica unless `keep(ticket, replica)` says the
--- caller takes it from the reply.
+-- Records a grant of the chat to ticket t with a lease of `lease` ms; publishes it
+-- to t's replica unless keep(t, replica). Returns {t, k, pr, pk, replica}.
+local function grant(h, l, chat, t, now, lease, hist, wake, keep)
+  local pr, pk = '', ''
+  local token = now
+  local last = redis.call('GET', l)
+  if last then
+    local p = split(last)
+    pk, pr = p[1], p[2] or ''
+    local n = tonumber(pk)
+    if n and n + 1 > token then token = n + 1 end
+  end
+  local r = replica_of(t)
+  local k = num(token)
+  redis.call('SET', h, t .. SEP .. k .. SEP .. pr .. SEP .. pk, 'PX', lease)
+  redis.call('SET', l, k .. SEP .. r, 'PX', hist)
+  if not keep(t, r) then
+    redis.call('PUBLISH', wake .. r, cjson.encode({c = chat, t = t, k = k, pr = pr, pk = pk}))
+  end
+  return {t, k, pr, pk, r}
+end
+-- Hands a free chat (the caller checked h is absent) to the first live ticket in the
+-- queue, skipping lapsed ones. Returns the grant or nil.
 local function settle(h, q, w, l, chat, ttl, hist, wake, keep)
-  if redis.call('EXISTS', h) == 1 then return nil end
-  local now = now_us()
+  local now = nil
   while true do
     local t = redis.call('LPOP', q)
     if not t then return nil end
     local alive = tonumber(redis.call('HGET', w, t))
     redis.call('HDEL', w, t)
+    now = now or now_us()
     if alive and alive > now then
-      local last = redis.call('HMGET', l, 'k', 'r')
-      local token = now
-      local pk = tonumber(last[1])
-      if pk and pk + 1 > token then token = pk + 1 end
-      local r = replica_of(t)
       local lease = math.floor((alive - now) / 1000)
       if lease > ttl then lease = ttl end
       if lease < 1 then lease = 1 end
-      local pr = last[2] or ''
-      local pks = last[1] or ''
-      redis.call('HSET', h, 't', t, 'k', num(token), 'r', r, 'pr', pr, 'pk', pks)
-      redis.call('PEXPIRE', h, lease)
-      redis.call('HSET', l, 'k', num(token), 'r', r)
-      redis.call('PEXPIRE', l, hist)
-      if not keep(t, r) then
-        redis.call('PUBLISH', wake .. r,
-          cjson.encode({c = chat, t = t, k = num(token), pr = pr, pk = pks}))
-      end
-      return {t, num(token), pr, pks, r}
+      return grant(h, l, chat, t, now, lease, hist, wake, keep)
     end
   end
 end
@@ -57,3 +79,4 @@ local function touch(q, w, ttl)
   redis.call('PEXPIRE', q, 3 * ttl)
   redis.call('PEXPIRE', w, 3 * ttl)
 end
+local function never() return false end

@@ -120,6 +120,11 @@ impl Replica {
         metrics: Arc<Metrics>,
         background: bool,
     ) -> Result<Replica, BackendError> {
+        if id.is_empty() || id.contains('\0') {
+            return Err(BackendError::new(format!(
+                "replica id {id:?} must be non-empty and free of NUL characters"
+            )));
+        }
         let ttl = coordinator.lease_ttl();
         let inner = Arc::new(Inner {
             id: id.into(),

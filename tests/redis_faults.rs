@@ -267,11 +267,13 @@ fn lost_reply_is_retried_idempotently() {
         panic!("expected a grant");
     };
     let mut con = server.connection();
-    let token: String = redis::cmd("HGET")
+    let holder: Vec<u8> = redis::cmd("GET")
         .arg("botmesh:{chat}:h")
-        .arg("k")
         .query(&mut con)
-        .expect("HGET");
+        .expect("GET");
+    // The holder record is `ticket NUL token NUL …`.
+    let fields: Vec<&[u8]> = holder.split(|b| *b == 0).collect();
+    let token = String::from_utf8_lossy(fields[1]).into_owned();
     assert_eq!(token, g1.token.to_string(), "one grant, one token");
     // A queued ticket whose reply is lost: queued once.
     let t2 = Ticket {
