@@ -31,11 +31,12 @@
 //! - `cancel`: take a ticket whose wait ran out out of the queue (or report that it was
 //!   granted meanwhile) and give up its message claim.
 //!
-//! Fencing tokens are `max(last + 1, now in µs)`: strictly increasing per chat while
-//! `P:{c}:l` lives, and still increasing after it expired or Redis lost its data, as
-//! long as the Redis server's clock does not step back (a failover to a server whose
-//! clock is behind by more than the chat's idle time could break that; keep clocks
-//! synchronised).
+//! Fencing tokens are the last token plus one while `P:{c}:l` lives, and the server
+//! time in µs when it expired or Redis lost its data. Tokens never run ahead of the
+//! clock (a grant takes far more than a microsecond), so they keep increasing across
+//! expiry too, as long as the Redis server's clock does not step back (a failover to a
+//! server whose clock is behind by more than the chat's idle time could break that;
+//! keep clocks synchronised).
 //!
 //! A ticket whose replica stopped renewing lapses (alive-until passes) and is skipped
 //! at hand-over; a grant made to it is capped by its alive-until, so a crashed replica
@@ -75,14 +76,17 @@ local hv = holder(h)
 if hv and hv[1] == t then return {'granted', t, hv[2], hv[3], hv[4]} end
 local queued = redis.call('LLEN', q)
 if queued > 0 and redis.call('HEXISTS', w, t) == 1 then return {'queued'} end
-local now = now_us()
+local now = nil
 if m then
   local c = redis.call('GET', m)
   if c == '!' then return {'duplicate'} end
   if c and c ~= t then
     if hv and hv[1] == c then return {'duplicate'} end
     local wc = tonumber(redis.call('HGET', w, c))
-    if wc and wc > now then return {'duplicate'} end
+    if wc then
+      now = now_us()
+      if wc > now then return {'duplicate'} end
+    end
   end
   if c then redis.call('SET', m, t, 'KEEPTTL') else redis.call('SET', m, t, 'PX', ARGV[6]) end
 end
@@ -91,6 +95,7 @@ if not hv and queued == 0 then
   local g = grant(h, l, chat, t, now, ttl, hist, wake, mine)
   return {'granted', t, g[2], g[3], g[4]}
 end
+now = now or now_us()
 redis.call('RPUSH', q, t)
 redis.call('HSET', w, t, num(now + ttl * 1000))
 touch(q, w, ttl)
