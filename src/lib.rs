@@ -81,3 +81,8 @@ pub use provider::{Capabilities, Provider, ProviderError};
 pub use replica::{Accepted, Replica};
 pub use runtime::{Bot, BotBuilder, Context, Intake, StartError};
 pub use turn::Turn;
+
+/// The README's Rust examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
