@@ -3,9 +3,10 @@
 //!
 //! The reference ("baseline") is the simplest per-chat FIFO lock one would write by
 //! hand: a ticket lock in one `Mutex<HashMap<String, ChatSlot>>` (next ticket and now
-//! serving per chat) with one `Condvar`. It has no leases, no fencing across restarts,
-//! no replicas and no waiting without a thread: it is the floor a turn table pays on top
-//! of. Issue 2 asks the turn table to stay within 2x of it.
+//! serving per chat) and one `Condvar` woken with `notify_all`. It has no leases, no
+//! replicas, no fencing that survives a restart, and every waiter blocks its own
+//! thread: it is the floor the turn table pays its features on top of. Issue 2 asks the
+//! turn table to stay within 2x of it.
 //!
 //! Two workloads, after the spirit of W1 and W3 in `../shared/bench/FORMAT.md`:
 //!
@@ -15,14 +16,17 @@
 //!   `baseline/mutex_ticket_lock`), and directly with `Instant` over 1,000,000 pairs
 //!   (pairs/s) plus 100,000 pairs timed one by one (p50/p99 per pair, which include
 //!   one clock read; its cost is printed alongside).
-//! - **hot_handoff** (W3, hold 0): 4 threads on ONE chat, each looping ask -> acquire ->
-//!   critical section -> release, 20,000 acquisitions in all. For the turn table every
-//!   thread is its own `Replica` over one shared coordinator; for the baseline they
-//!   share the lock. The critical section is an "inside" flag (must be free on entry)
-//!   and a sequence counter, so an exclusion failure would show. Every acquisition
-//!   records `t_req` (before asking), `t_acq` (held) and `t_rel` (before release) on
-//!   one `Instant` base; the analysis puts them in grant order (fencing token, or the
-//!   baseline's ticket) and derives:
+//! - **hot_handoff** (W3 with a near-zero hold): 4 threads on ONE chat, each looping
+//!   ask -> acquire -> critical section -> release, 20,000 acquisitions in all. For the
+//!   turn table every thread is its own `Replica` over one shared coordinator; for the
+//!   baseline they share the lock. The critical section is an "inside" flag (must be
+//!   free on entry) and a sequence counter, so an exclusion failure would show, plus a
+//!   5 us busy spin: with no hold at all, on 2 cores one thread can finish whole runs
+//!   of turns before the others are even scheduled, and there is no handoff left to
+//!   measure. The threads start together once all of them are running. Every
+//!   acquisition records `t_req` (before asking), `t_acq` (held) and `t_rel` (before
+//!   release) on one `Instant` base; the analysis puts them in grant order (fencing
+//!   token, or the baseline's ticket) and derives:
 //!   - handoff latency: for a release while another thread was already asking (the
 //!     next holder's `t_req` < the previous `t_rel`), from that `t_rel` to the next
 //!     holder's `t_acq`; p50/p99;
@@ -67,7 +71,7 @@ const WAIT: Duration = Duration::from_secs(30);
 const HOT_CHAT: &str = "hot";
 /// How long a hot-chat holder keeps the turn: a busy spin, so the holder stays on its
 /// core while the others queue up.
-const HOLD_US: u64 = 20;
+const HOLD_US: u64 = 5;
 
 /// What both variants offer the workloads: take a chat's turn, read its token, give it
 /// back.

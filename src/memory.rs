@@ -74,7 +74,8 @@ struct Shard {
     seen_order: VecDeque<(Instant, (String, String))>,
     /// The last holder of chats that went idle, until it expires.
     last: HashMap<String, (Previous, Instant)>,
-    last_order: VecDeque<(Instant, String)>,
+    /// Size of `last` at which expired entries are swept next.
+    last_sweep_at: usize,
 }
 
 #[derive(Default)]
@@ -247,19 +248,15 @@ fn drop_if_idle(shard: &mut Shard, chat: &str, now: Instant, history: Duration) 
     if let Some(state) = shard.chats.remove(chat)
         && let Some(previous) = state.previous
     {
-        let expires = now + history;
-        shard.last.insert(chat.to_owned(), (previous, expires));
-        shard.last_order.push_back((expires, chat.to_owned()));
+        shard
+            .last
+            .insert(chat.to_owned(), (previous, now + history));
     }
-    while let Some((expires, _)) = shard.last_order.front() {
-        if *expires >= now {
-            break;
-        }
-        if let Some((_, key)) = shard.last_order.pop_front()
-            && shard.last.get(&key).is_some_and(|l| l.1 < now)
-        {
-            shard.last.remove(&key);
-        }
+    // Expired history is swept when the map has doubled since the last sweep: amortised
+    // O(1) per call, and the map stays within twice the live entries.
+    if shard.last.len() >= shard.last_sweep_at {
+        shard.last.retain(|_, (_, expires)| *expires >= now);
+        shard.last_sweep_at = (shard.last.len() * 2).max(1024);
     }
 }
 

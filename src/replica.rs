@@ -41,6 +41,42 @@ fn pushed_lease(ttl: Duration) -> Duration {
 /// What runs when a queued ticket's wait ends: with the turn, or with why not.
 pub(crate) type OnGrant = Box<dyn FnOnce(Result<Turn, CoordinationUnavailableError>) + Send>;
 
+/// Where a blocked [`Replica::acquire`] waits for its answer.
+#[derive(Default)]
+struct Slot {
+    result: Mutex<Option<Result<Turn, CoordinationUnavailableError>>>,
+    ready: Condvar,
+}
+
+/// Fills a [`Slot`] once; if dropped unfilled (the replica was aborted and forgot its
+/// waiters), fills it with `shutting_down` so the caller never blocks forever.
+struct Fill {
+    slot: Arc<Slot>,
+    chat: Arc<str>,
+}
+
+impl Fill {
+    fn put(self, r: Result<Turn, CoordinationUnavailableError>) {
+        *self.slot.result.lock() = Some(r);
+        self.slot.ready.notify_one();
+        // `self` drops here with the slot filled; `Drop` sees that and does nothing.
+    }
+}
+
+impl Drop for Fill {
+    fn drop(&mut self) {
+        let mut result = self.slot.result.lock();
+        if result.is_none() {
+            *result = Some(Err(CoordinationUnavailableError::new(
+                Reason::ShuttingDown,
+                &self.chat,
+                None,
+            )));
+            self.slot.ready.notify_one();
+        }
+    }
+}
+
 /// The answer of an intake: the message holds its place, or was a duplicate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Accepted {
@@ -202,19 +238,20 @@ impl Replica {
         chat: &str,
         wait: Duration,
     ) -> Result<Turn, CoordinationUnavailableError> {
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let on_grant: OnGrant = Box::new(move |r| {
-            // The receiver only goes away if the caller's thread died; nothing to do then.
-            let _ = tx.send(r);
-        });
+        let slot = Arc::new(Slot::default());
+        let fill = Fill {
+            slot: slot.clone(),
+            chat: Arc::from(chat),
+        };
+        let on_grant: OnGrant = Box::new(move |r| fill.put(r));
         self.inner.enqueue(chat, None, wait, on_grant)?;
-        rx.recv().unwrap_or_else(|_| {
-            Err(CoordinationUnavailableError::new(
-                Reason::ShuttingDown,
-                chat,
-                None,
-            ))
-        })
+        let mut result = slot.result.lock();
+        loop {
+            if let Some(r) = result.take() {
+                return r;
+            }
+            slot.ready.wait(&mut result);
+        }
     }
 
     /// A clean stop: ends the threads, reports waiting tickets as `shutting_down`, and
@@ -402,8 +439,14 @@ impl Inner {
                     w.placed = true;
                 }
                 if let Some(deadline) = since.checked_add(wait) {
-                    self.deadlines.lock().push(Reverse((deadline, seq)));
-                    self.deadlines_cv.notify_one();
+                    let mut heap = self.deadlines.lock();
+                    // Wake the timer only if it now has to wake earlier than planned.
+                    let earlier = heap.peek().is_none_or(|Reverse((at, _))| deadline < *at);
+                    heap.push(Reverse((deadline, seq)));
+                    drop(heap);
+                    if earlier {
+                        self.deadlines_cv.notify_one();
+                    }
                 }
                 Ok(Accepted::Queued)
             }
