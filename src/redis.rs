@@ -68,10 +68,16 @@ use crate::coordinator::{
 
 const PRELUDE: &str = include_str!("redis_scripts.lua");
 
-const ENQUEUE: &str = r#"
+/// The arguments every per-chat script takes: KEYS h, q, w, l and optionally m (the
+/// message claim); ARGV chat, ticket, TTL ms, history ms, wake channel prefix, then
+/// the script's own.
+const CHAT_ARGS: &str = r#"
 local h, q, w, l, m = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local chat, t = ARGV[1], ARGV[2]
 local ttl, hist, wake = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+"#;
+
+const ENQUEUE: &str = r#"
 local hv = holder(h)
 if hv and hv[1] == t then return {'granted', t, hv[2], hv[3], hv[4]} end
 local queued = redis.call('LLEN', q)
@@ -107,9 +113,6 @@ return {'queued'}
 "#;
 
 const RELEASE: &str = r#"
-local h, q, w, l, m = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local chat, t = ARGV[1], ARGV[2]
-local ttl, hist, wake = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local me = ARGV[7]
 local hv = holder(h)
 if not hv or hv[1] ~= t or hv[2] ~= ARGV[6] then
@@ -135,9 +138,6 @@ return 0
 "#;
 
 const CHECK: &str = r#"
-local h, q, w, l = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local chat, t = ARGV[1], ARGV[2]
-local ttl, hist, wake = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local hv = holder(h)
 if not hv then
   local g = settle(h, q, w, l, chat, ttl, hist, wake, function(x) return x == t end)
@@ -153,9 +153,6 @@ return {'gone'}
 "#;
 
 const CANCEL: &str = r#"
-local h, q, w, l, m = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local chat, t = ARGV[1], ARGV[2]
-local ttl, hist, wake = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local hv = holder(h)
 if not hv then
   local g = settle(h, q, w, l, chat, ttl, hist, wake, function(x) return x == t end)
@@ -249,7 +246,7 @@ struct Scripts {
 
 impl Scripts {
     fn new() -> Self {
-        let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}\n{body}"));
+        let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}\n{CHAT_ARGS}\n{body}"));
         Scripts {
             enqueue: with_prelude(ENQUEUE),
             release: with_prelude(RELEASE),

@@ -409,9 +409,10 @@ pub fn lost_lease_is_reported<H: Harness>() {
     let ttl = Duration::from_millis(300);
     let h = H::start(ttl);
     let cut = Arc::new(AtomicBool::new(false));
-    let partitioned: Arc<dyn Coordinator> = Arc::new(Partition {
+    let partitioned: Arc<dyn Coordinator> = Arc::new(Faulty {
         inner: h.coordinator(),
         cut: cut.clone(),
+        deaf: false,
     });
     let a = Replica::start("a", partitioned).expect("start");
     let b = Replica::start("b", h.coordinator()).expect("start");
@@ -440,8 +441,10 @@ pub fn lost_lease_is_reported<H: Harness>() {
 pub fn lost_wakeup_is_covered_by_recheck<H: Harness>() {
     let ttl = Duration::from_millis(600);
     let h = H::start(ttl);
-    let deaf: Arc<dyn Coordinator> = Arc::new(Deaf {
+    let deaf: Arc<dyn Coordinator> = Arc::new(Faulty {
         inner: h.coordinator(),
+        cut: Arc::default(),
+        deaf: true,
     });
     let a = Replica::start("a", h.coordinator()).expect("start");
     let b = Arc::new(Replica::start("b", deaf).expect("start"));
@@ -473,69 +476,16 @@ pub fn lost_wakeup_is_covered_by_recheck<H: Harness>() {
     a.shutdown();
 }
 
-/// A coordinator whose pushes never arrive: every wake-up is lost.
-struct Deaf {
-    inner: Arc<dyn Coordinator>,
-}
-
-impl Coordinator for Deaf {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    fn lease_ttl(&self) -> Duration {
-        self.inner.lease_ttl()
-    }
-    fn attach(
-        &self,
-        r: &botmesh::ReplicaId,
-        _sink: botmesh::coordinator::GrantSink,
-    ) -> Result<(), botmesh::coordinator::BackendError> {
-        self.inner.attach(r, Arc::new(|_: &str, _| {}))
-    }
-    fn detach(
-        &self,
-        r: &botmesh::ReplicaId,
-        h: &[HeldLease<'_>],
-    ) -> Result<(), botmesh::coordinator::BackendError> {
-        self.inner.detach(r, h)
-    }
-    fn enqueue(
-        &self,
-        q: &EnqueueRequest<'_>,
-    ) -> Result<Enqueued, botmesh::coordinator::BackendError> {
-        self.inner.enqueue(q)
-    }
-    fn cancel(
-        &self,
-        w: &Waiting<'_>,
-    ) -> Result<Option<botmesh::Grant>, botmesh::coordinator::BackendError> {
-        self.inner.cancel(w)
-    }
-    fn release(
-        &self,
-        l: &HeldLease<'_>,
-        h: Option<&str>,
-    ) -> Result<Released, botmesh::coordinator::BackendError> {
-        self.inner.release(l, h)
-    }
-    fn renew(
-        &self,
-        r: &botmesh::ReplicaId,
-        l: &[HeldLease<'_>],
-        w: &[Waiting<'_>],
-    ) -> Result<botmesh::coordinator::Renewal, botmesh::coordinator::BackendError> {
-        self.inner.renew(r, l, w)
-    }
-}
-
-/// A coordinator wrapper whose renewals fail while `cut` is set: a replica cut off from
-/// the backend.
-struct Partition {
+/// A coordinator wrapper that injects faults: renewals fail while `cut` is set (a
+/// replica cut off from the backend), and with `deaf` no push ever arrives (every
+/// wake-up is lost).
+struct Faulty {
     inner: Arc<dyn Coordinator>,
     cut: Arc<AtomicBool>,
+    deaf: bool,
 }
 
-impl Coordinator for Partition {
+impl Coordinator for Faulty {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
@@ -545,9 +495,12 @@ impl Coordinator for Partition {
     fn attach(
         &self,
         r: &botmesh::ReplicaId,
-        s: botmesh::coordinator::GrantSink,
+        sink: botmesh::coordinator::GrantSink,
     ) -> Result<(), botmesh::coordinator::BackendError> {
-        self.inner.attach(r, s)
+        if self.deaf {
+            return self.inner.attach(r, Arc::new(|_: &str, _| {}));
+        }
+        self.inner.attach(r, sink)
     }
     fn detach(
         &self,
