@@ -69,6 +69,7 @@ fn renew_once(inner: &Arc<Inner>, last_ok: &mut Instant) {
                 }
             }
             inner.apply_recheck(&waiters, renewal.waiting);
+            inner.bury_ghosts();
         }
         Err(e) => {
             inc(&inner.metrics.backend_errors);

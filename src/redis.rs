@@ -24,17 +24,18 @@
 //! - `release` (one round trip): if the holder is still this ticket and token, delete
 //!   it and hand the chat to the first live ticket in the queue; otherwise answer
 //!   `lost`. The grant is published to the new holder's replica on
-//!   `P:wake:<replica>` (unless it is the caller's own, which gets it in the reply).
+//!   `P:{wake}:<replica>` (unless it is the caller's own, which gets it in the reply).
 //! - `renew` and `check`: the renewal tick sends one pipeline (one round trip) with a
 //!   `renew` per held lease (`PEXPIRE` if still ours) and a `check` per waiting ticket
 //!   (refresh its liveness, replace an expired holder, report granted / waiting / gone).
 //! - `cancel`: take a ticket whose wait ran out out of the queue (or report that it was
 //!   granted meanwhile) and give up its message claim.
 //!
-//! Fencing tokens are the last token plus one while `P:{c}:l` lives, and the server
-//! time in µs when it expired or Redis lost its data. Tokens never run ahead of the
-//! clock (a grant takes far more than a microsecond), so they keep increasing across
-//! expiry too, as long as the Redis server's clock does not step back (a failover to a
+//! Fencing tokens are `max(last + 1, server time in µs)`. Tokens never run ahead of the
+//! clock (a grant takes far more than a microsecond), so they keep increasing after
+//! `P:{c}:l` expired, after Redis lost its data, and after Redis came back from an
+//! older snapshot or a lagging replica, as long as the Redis server's clock does not
+//! step back (a failover to a
 //! server whose clock is behind by more than the chat's idle time could break that;
 //! keep clocks synchronised).
 //!
@@ -531,7 +532,9 @@ impl RedisCoordinator {
     }
 
     fn wake_prefix(&self) -> String {
-        format!("{}:wake:", self.options.key_prefix)
+        // The prefix holds no braces, so the first `{` ends it: channels of different
+        // prefixes and replica ids never coincide.
+        format!("{}:{{wake}}:", self.options.key_prefix)
     }
 
     fn dedup_on(&self) -> bool {
@@ -675,7 +678,12 @@ impl Coordinator for RedisCoordinator {
                     let _ = self.release(&again, None);
                 }
                 Ok(_) => {}
-                Err(e) => result = Err(e),
+                Err(e) => {
+                    // Redis is unreachable: the rest would time out one by one. Their
+                    // leases lapse within the TTL instead.
+                    result = Err(e);
+                    break;
+                }
             }
         }
         self.stop_subscriber(replica);

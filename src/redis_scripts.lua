@@ -38,20 +38,20 @@ local function holder(h)
 end
 -- Records a grant of the chat to ticket t with a lease of `lease` ms; publishes it
 -- to t's replica unless keep(t, replica). Returns {t, k, pr, pk, replica}.
--- The token is the last one plus one; only when the chat's history expired (or Redis
--- lost it) is it the server time in us, which exceeds every earlier token because
--- tokens never run ahead of the clock (one grant takes far more than a microsecond).
+-- The token is max(last + 1, server time in us). Tokens never run ahead of the clock
+-- (a grant takes far more than a microsecond), so the time alone exceeds every earlier
+-- token when the chat's history expired, was lost in a restart, or is stale because
+-- Redis came back from an older snapshot or a lagging replica.
 local function grant(h, l, chat, t, now, lease, hist, wake, keep)
   local pr, pk = '', ''
-  local token = nil
+  local token = now or now_us()
   local last = redis.call('GET', l)
   if last then
     local p = split(last)
     pk, pr = p[1], p[2] or ''
     local n = tonumber(pk)
-    if n then token = n + 1 end
+    if n and n + 1 > token then token = n + 1 end
   end
-  if not token then token = now or now_us() end
   local r = replica_of(t)
   local k = num(token)
   redis.call('SET', h, t .. SEP .. k .. SEP .. pr .. SEP .. pk, 'PX', lease)

@@ -109,6 +109,10 @@ pub(crate) struct Inner {
     state: AtomicU8,
     waiting: Mutex<HashMap<u64, Waiter>>,
     pub(crate) held: Mutex<HashMap<u64, Arc<TurnState>>>,
+    /// Tickets whose enqueue failed (timeout, connection lost) but may have reached the
+    /// backend anyway: they are cancelled on the next renewal ticks, so they neither
+    /// hold a place nor keep their message id claimed against a redelivery.
+    ghosts: Mutex<Vec<PlacedWaiter>>,
     deadlines: Mutex<BinaryHeap<Reverse<(Instant, u64)>>>,
     deadlines_cv: Condvar,
     pub(crate) stop: Mutex<bool>,
@@ -178,6 +182,7 @@ impl Replica {
             state: AtomicU8::new(RUNNING),
             waiting: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
+            ghosts: Mutex::new(Vec::new()),
             deadlines: Mutex::new(BinaryHeap::new()),
             deadlines_cv: Condvar::new(),
             stop: Mutex::new(false),
@@ -282,6 +287,9 @@ impl Replica {
             Ordering::Acquire,
         );
         let seqs: Vec<u64> = self.inner.waiting.lock().keys().copied().collect();
+        // After one failed call the backend is taken as unreachable: the remaining
+        // tickets are not cancelled one timeout at a time; they lapse within the TTL.
+        let mut reachable = true;
         for seq in seqs {
             // `take_waiter` makes this exactly-once against a grant or the timer.
             let Some(w) = self.inner.take_waiter(seq) else {
@@ -293,7 +301,12 @@ impl Replica {
                 ticket: &ticket,
                 message_id: w.message_id.as_deref(),
             };
-            match self.inner.coordinator.cancel(&waiting) {
+            let cancelled = if reachable {
+                self.inner.coordinator.cancel(&waiting)
+            } else {
+                Ok(None)
+            };
+            match cancelled {
                 Ok(Some(grant)) => {
                     // Granted meanwhile: it may as well run.
                     let valid = Instant::now() + pushed_lease(self.inner.ttl);
@@ -302,6 +315,7 @@ impl Replica {
                 }
                 Ok(None) => {}
                 Err(e) => {
+                    reachable = false;
                     inc(&self.inner.metrics.backend_errors);
                     log::warn!(target: "botmesh::replica", "cancel at shutdown failed: {e}");
                 }
@@ -458,6 +472,9 @@ impl Inner {
             Err(e) => {
                 inc(&self.metrics.backend_errors);
                 self.take_waiter(seq);
+                self.ghosts
+                    .lock()
+                    .push((Arc::from(chat), seq, message_id.map(Arc::from)));
                 log::warn!(target: "botmesh::replica", "enqueue on chat {chat:?} failed: {e}");
                 Err(
                     CoordinationUnavailableError::new(Reason::Backend, chat, message_id)
@@ -480,8 +497,18 @@ impl Inner {
             None => {
                 // The same grant reached us twice (a push, a release's reply, the
                 // re-check, a cancel that found it granted); whoever took the waiter
-                // owns it. Releasing it here would free a turn a handler may be using.
-                log::debug!(target: "botmesh::replica", "grant {} on chat {chat:?} already taken", grant.ticket);
+                // owns it. Releasing it here would free a turn a handler may be using,
+                // unless it is a ghost's: nobody uses that one.
+                let ghost = {
+                    let mut ghosts = self.ghosts.lock();
+                    let at = ghosts.iter().position(|g| g.1 == grant.ticket.seq);
+                    at.map(|i| ghosts.swap_remove(i))
+                };
+                if ghost.is_some() {
+                    self.release_ghost(chat, &grant);
+                } else {
+                    log::debug!(target: "botmesh::replica", "grant {} on chat {chat:?} already taken", grant.ticket);
+                }
             }
         }
     }
@@ -577,6 +604,48 @@ impl Inner {
                 .with_source(e))
             }
         }
+    }
+
+    fn release_ghost(self: &Arc<Self>, chat: &str, grant: &Grant) {
+        let lease = crate::coordinator::HeldLease {
+            chat,
+            ticket: &grant.ticket,
+            token: grant.token,
+        };
+        match self.coordinator.release(&lease, None) {
+            Ok(Released::Released { next: Some(next) }) => self.deliver(chat, next),
+            Ok(_) => {}
+            Err(e) => log::debug!(target: "botmesh::replica", "ghost release failed: {e}"),
+        }
+    }
+
+    /// Cancels the tickets whose enqueue failed; called by the renewal tick. Stops at
+    /// the first backend error (the rest wait for the next tick).
+    pub(crate) fn bury_ghosts(self: &Arc<Self>) {
+        let ghosts: Vec<PlacedWaiter> = std::mem::take(&mut *self.ghosts.lock());
+        let mut left = Vec::new();
+        let mut reachable = true;
+        for g in ghosts {
+            if !reachable {
+                left.push(g);
+                continue;
+            }
+            let ticket = self.ticket(g.1);
+            let waiting = Waiting {
+                chat: &g.0,
+                ticket: &ticket,
+                message_id: g.2.as_deref(),
+            };
+            match self.coordinator.cancel(&waiting) {
+                Ok(None) => {}
+                Ok(Some(grant)) => self.release_ghost(&g.0, &grant),
+                Err(_) => {
+                    reachable = false;
+                    left.push(g);
+                }
+            }
+        }
+        self.ghosts.lock().extend(left);
     }
 
     /// The waiting tickets whose place in the queue is confirmed, for the renewal

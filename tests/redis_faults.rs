@@ -346,3 +346,84 @@ fn paused_redis_does_not_hang() {
     server.resume();
     r.shutdown();
 }
+
+/// A message refused because Redis was paused (its enqueue may still run when Redis
+/// resumes) is handled when the platform delivers it again: the stray ticket and its
+/// claim on the message id are cancelled by the renewal tick.
+#[test]
+fn refused_message_can_be_redelivered() {
+    let server = RedisServer::start();
+    let (out_tx, out_rx) = unbounded();
+    let bot = Bot::builder()
+        .id("r")
+        .coordination(CoordinationConfig::new(CoordinatorConfig::Shared(
+            coordinator(&server.url(), Duration::from_secs(3)),
+        )))
+        .handler(|_| Ok(()))
+        .on_outcome(move |m, o| {
+            let _ = out_tx.send((m.text.clone(), matches!(o, Outcome::Handled { .. })));
+        })
+        .build()
+        .expect("bot");
+    server.pause();
+    let refused = bot
+        .intake()
+        .deliver(Message::new("chat", "first try").with_id("42"))
+        .expect_err("Redis is paused");
+    assert_eq!(refused.reason, Reason::Backend);
+    server.resume();
+    let resumed = std::time::Instant::now();
+    // The platform retries until the message is taken in; a retry answered `Duplicate`
+    // before the stray claim is cancelled is retried too, as a webhook would.
+    let mut accepted = false;
+    for _ in 0..100 {
+        match bot
+            .intake()
+            .deliver(Message::new("chat", "retry").with_id("42"))
+        {
+            Ok(botmesh::Accepted::Queued) => {
+                accepted = true;
+                break;
+            }
+            _ => std::thread::park_timeout(Duration::from_millis(50)), // platform back-off
+        }
+    }
+    assert!(accepted, "the redelivery was never taken in");
+    // Within about one renewal tick (TTL/3 = 1 s), not after the stray ticket's lease
+    // and claim lapse (TTL = 3 s).
+    let took = resumed.elapsed();
+    assert!(
+        took < Duration::from_millis(2500),
+        "taken in after {took:?}"
+    );
+    // Retries answered `Duplicate` end as duplicates; the one taken in must be handled.
+    loop {
+        let (text, handled) = out_rx
+            .recv_timeout(RECV)
+            .expect("the redelivery is handled");
+        if text == "retry" && handled {
+            break;
+        }
+    }
+    bot.shutdown();
+}
+
+/// Stopping a replica that holds many turns while Redis is paused takes about one
+/// command timeout, not one per turn.
+#[test]
+fn shutdown_with_paused_redis_is_bounded() {
+    let server = RedisServer::start();
+    let r =
+        Replica::start("r", coordinator(&server.url(), Duration::from_secs(10))).expect("start");
+    let turns: Vec<_> = (0..20)
+        .map(|i| r.acquire(&format!("chat-{i}"), RECV).expect("acquire"))
+        .collect();
+    server.pause();
+    let t0 = std::time::Instant::now();
+    r.shutdown();
+    let took = t0.elapsed();
+    server.resume();
+    assert!(turns.iter().all(|t| t.is_lost()));
+    // Two attempts of a 500 ms timeout, plus slack; 20 sequential timeouts would be 20 s.
+    assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
+}
