@@ -15,6 +15,9 @@
 //! cargo run --release --example replay -- --updates ../shared/data/chitchat/updates.jsonl
 //! cargo run --release --example replay -- --handler-ms 2 --handler-jitter-ms 1
 //! cargo run --release --example replay -- --speed 1000 --log replay.jsonl --json
+//! cargo run --release --example replay -- --backend redis --redis-url redis://127.0.0.1:6379
+//! cargo run --release --example replay -- --backend redis --redis-url redis://127.0.0.1:6379 \
+//!     --processes --kill-replica-at 0.5 --log replay.jsonl
 //! cargo run --release --example replay -- --help
 //! ```
 //!
@@ -25,7 +28,9 @@
 //! `examples/data/README.md`). Lines that hold no text message are skipped and counted.
 //!
 //! `--replicas` bots (default 4, each with `--workers` threads, default 4) share one
-//! [`MemoryCoordinator`], as replicas in separate processes would share Redis. The
+//! [`MemoryCoordinator`](botmesh::MemoryCoordinator), as replicas in separate processes
+//! would share Redis (with `--backend redis`, each bot has its own `RedisCoordinator`,
+//! i.e. its own connection pool and subscriber, as a separate process would). The
 //! platform works like Telegram's webhooks behind a load balancer: each update goes to
 //! a replica chosen at random (seeded by `--seed`), and a chat's next update is sent
 //! only once a replica accepted the previous one ([`Intake::deliver`] returned), while
@@ -56,14 +61,41 @@
 //! `start_us` and `end_us` are the handler's start and end in µs since the Unix epoch
 //! (the system clock). The exit status is 0 for a clean run, 1 when an update was
 //! dropped or a check failed, and 2 when the command line or the input was refused.
+//!
+//! ## Over Redis, and with real processes
+//!
+//! `--backend redis --redis-url URL` runs the same replay over a Redis server. Every run
+//! uses a fresh key prefix `replay-<pid>-<nanos>` (or `--key-prefix`), so runs on one
+//! server never meet; botmesh gives every key it leaves a TTL, so nothing needs
+//! cleaning up. `--lease-ttl` sets the lease TTL (default 10 s).
+//!
+//! With `--processes` every replica is its own OS process: the example starts itself
+//! again once per replica (hidden flag `--child-replica rK`, the URL passed in the
+//! environment so that no password shows in the process list) and plays the platform
+//! over their stdin and stdout (see `replay/protocol.rs` for the line protocol and
+//! `replay/parent.rs` for the platform). A replica that dies (or that
+//! `--kill-replica-at F` SIGKILLs once the fraction F of the updates was delivered)
+//! has every update it accepted but did not finish sent to another live replica; those
+//! log lines carry `"redelivered": true`. The parent checks the guarantees across
+//! processes from the replicas' answers (handler intervals on the system clock,
+//! fencing tokens, order), every update ending exactly once, or at least once when
+//! redelivered; the order check skips redelivered updates.
 
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 
 #[path = "replay/args.rs"]
 mod args;
+#[path = "replay/backend.rs"]
+mod backend;
+#[path = "replay/child.rs"]
+mod child;
 #[path = "replay/data.rs"]
 mod data;
+#[path = "replay/parent.rs"]
+mod parent;
+#[path = "replay/protocol.rs"]
+mod protocol;
 #[path = "replay/report.rs"]
 mod report;
 
@@ -74,18 +106,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use botmesh::{
-    Bot, CoordinationConfig, CoordinatorConfig, HandlerError, Intake, MemoryCoordinator, Message,
-    Outcome,
-};
+use botmesh::{Bot, CoordinationConfig, CoordinatorConfig, HandlerError, Intake, Message, Outcome};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use args::{Command, Options};
+use backend::RedisSettings;
 use data::Trace;
-use report::{Ending, LogMsg, LogWriter, REASONS, Summary};
+use report::{Ending, LogMsg, LogWriter, REASONS, RedisFacts, Summary};
 
 fn main() -> ExitCode {
     let options = match args::parse(std::env::args_os()) {
@@ -100,7 +130,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match replay(&options) {
+    if let Some(name) = &options.child_replica {
+        return child::run(&options, name);
+    }
+    let redis = RedisSettings::of(&options);
+    let result = match &redis {
+        Some(settings) if options.processes => parent::replay(&options, settings),
+        _ => replay(&options, redis.as_ref()),
+    };
+    match result {
         Ok(summary) => {
             let record = if options.json {
                 match summary.json() {
@@ -325,7 +363,11 @@ impl Run {
         }
         if let Some(log) = &self.log {
             // Fails only once the log thread has finished, after every update ended.
-            let _ = log.send(LogMsg::Ended { index, ending });
+            let _ = log.send(LogMsg::Ended {
+                index,
+                ending,
+                redelivered: false,
+            });
         }
         let ended = self.tally.ended.fetch_add(1, Ordering::AcqRel) + 1;
         if ended == self.trace.entries.len() {
@@ -489,8 +531,9 @@ fn shown_path(o: &Options) -> String {
         .to_string()
 }
 
-fn replay(o: &Options) -> Result<Summary, String> {
-    let trace = Arc::new(data::load(&o.updates)?);
+/// Reads `--updates`, telling stderr about lines that are not updates.
+fn load_trace(o: &Options) -> Result<Trace, String> {
+    let trace = data::load(&o.updates)?;
     if trace.malformed > 0 {
         eprintln!(
             "replay: {} line(s) of {} are not Telegram updates and were skipped (the first is line {})",
@@ -499,6 +542,14 @@ fn replay(o: &Options) -> Result<Summary, String> {
             trace.first_malformed.unwrap_or(0)
         );
     }
+    Ok(trace)
+}
+
+/// The replay with every replica in this process: over one shared
+/// `MemoryCoordinator`, or over Redis with one `RedisCoordinator` (connection pool and
+/// subscriber) per replica, as separate processes would have.
+fn replay(o: &Options, redis: Option<&RedisSettings>) -> Result<Summary, String> {
+    let trace = Arc::new(load_trace(o)?);
     let plan = Arc::new(plan(&trace, o)?);
     let replica_names: Arc<[String]> = (1..=o.replicas).map(|i| format!("r{i}")).collect();
     let log = match &o.log {
@@ -529,11 +580,12 @@ fn replay(o: &Options) -> Result<Summary, String> {
         done: done_tx,
     });
 
-    // The replicas: one coordinator shared by all, as Redis would be across processes.
-    let coordinator = Arc::new(MemoryCoordinator::new());
+    // The replicas: one memory coordinator shared by all, as Redis is shared across
+    // processes; or one Redis connection (pool) each.
+    let coordinators = backend::coordinators(redis, o.replicas)?;
     let mut bots = Vec::with_capacity(o.replicas);
-    for (i, name) in replica_names.iter().enumerate() {
-        let config = CoordinationConfig::new(CoordinatorConfig::Shared(coordinator.clone()))
+    for ((i, name), coordinator) in replica_names.iter().enumerate().zip(coordinators) {
+        let config = CoordinationConfig::new(CoordinatorConfig::Shared(coordinator))
             .with_turn_wait(o.turn_wait);
         let (for_handler, for_outcome) = (run.clone(), run.clone());
         let bot = Bot::builder()
@@ -652,5 +704,11 @@ fn replay(o: &Options) -> Result<Summary, String> {
         wait_p99_us: us(0.99),
         wait_max_us: us(1.0),
         notes,
+        redis: redis.map(|r| RedisFacts {
+            mode: "threads",
+            key_prefix: r.key_prefix.clone(),
+            lease_ttl_ms: r.lease_ttl.as_millis(),
+            ..RedisFacts::default()
+        }),
     })
 }

@@ -26,7 +26,15 @@ options:
   --speed X                replay the original timing X times faster
                            [default: as fast as possible]
   --turn-wait DURATION     longest wait for a chat's turn, e.g. 2m, 1500ms [default: 2m]
-  --backend NAME           coordination backend; only `memory` for now [default: memory]
+  --backend NAME           coordination backend: `memory` (one process) or `redis`
+                           [default: memory]
+  --redis-url URL          the Redis server, e.g. redis://127.0.0.1:6379 (with --backend redis)
+  --key-prefix P           Redis key prefix [default: a fresh replay-<pid>-<nanos> per run]
+  --lease-ttl DURATION     Redis lease TTL, e.g. 10s, 2s [default: 10s]
+  --processes              run each replica as its own OS process (needs --backend redis);
+                           --senders is then the intake threads of each replica process
+  --kill-replica-at F      with --processes: SIGKILL one replica once the fraction F (0 to 1)
+                           of the updates was delivered; its unfinished updates are redelivered
   --log PATH               write one JSON line per update as it ends
   --json                   end stdout with one JSON record (the shared benchmark record format)
   -h, --help               print this help
@@ -40,6 +48,13 @@ const MAX_THREADS: usize = 1024;
 const MAX_TURN_WAIT: Duration = Duration::from_millis(2_147_483_647);
 /// The largest simulated handler time accepted: one hour, in ms.
 const MAX_HANDLER_MS: f64 = 3_600_000.0;
+/// The shortest lease TTL the Redis backend accepts.
+const MIN_LEASE_TTL: Duration = Duration::from_millis(10);
+/// The longest lease TTL accepted here: one day.
+const MAX_LEASE_TTL: Duration = Duration::from_secs(86_400);
+/// The environment variable a parent hands the Redis URL to its replica processes in,
+/// so that a password in it never shows in the process list.
+pub const REDIS_URL_ENV: &str = "BOTMESH_REPLAY_REDIS_URL";
 
 /// What the command line asks for.
 #[derive(Clone, Debug)]
@@ -62,8 +77,22 @@ pub struct Options {
     pub speed: Option<f64>,
     /// Longest a message waits for its chat's turn.
     pub turn_wait: Duration,
-    /// The coordination backend's name (only `memory` exists so far).
+    /// The coordination backend's name: `memory` or `redis`.
     pub backend: String,
+    /// The Redis server (with `--backend redis`).
+    pub redis_url: Option<String>,
+    /// The Redis key prefix; `None`: a fresh one per run.
+    pub key_prefix: Option<String>,
+    /// The Redis lease TTL; `None`: the library's default.
+    pub lease_ttl: Option<Duration>,
+    /// Whether each replica runs as its own OS process.
+    pub processes: bool,
+    /// With `processes`: SIGKILL one replica once this fraction of the updates was
+    /// delivered.
+    pub kill_replica_at: Option<f64>,
+    /// Set in a replica process the parent started (hidden flag `--child-replica`): this
+    /// process is that replica and speaks the line protocol on stdin/stdout.
+    pub child_replica: Option<String>,
     /// Where to write the per-update log, if anywhere.
     pub log: Option<PathBuf>,
     /// Whether to end stdout with the JSON record.
@@ -86,6 +115,12 @@ impl Options {
             speed: None,
             turn_wait: Duration::from_secs(120),
             backend: "memory".to_owned(),
+            redis_url: None,
+            key_prefix: None,
+            lease_ttl: None,
+            processes: false,
+            kill_replica_at: None,
+            child_replica: None,
             log: None,
             json: false,
         }
@@ -96,7 +131,7 @@ impl Options {
 #[derive(Debug)]
 pub enum Command {
     /// Run the replay with these options.
-    Run(Options),
+    Run(Box<Options>),
     /// Print the usage and stop.
     Help,
 }
@@ -161,12 +196,69 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String
             }
             Long("backend") => {
                 let v = text(&mut parser, "--backend")?;
-                if v != "memory" {
+                if v != "memory" && v != "redis" {
                     return Err(format!(
-                        "--backend: {v:?} is not available; only \"memory\" is supported so far"
+                        "--backend: {v:?} is not available; use \"memory\" or \"redis\""
                     ));
                 }
                 o.backend = v;
+            }
+            Long("redis-url") => {
+                let v = text(&mut parser, "--redis-url")?;
+                if !(v.starts_with("redis://")
+                    || v.starts_with("rediss://")
+                    || v.starts_with("unix://")
+                    || v.starts_with("redis+unix://"))
+                {
+                    // The value is not echoed: it may hold a password.
+                    return Err(
+                        "--redis-url: not a Redis URL (expected redis://[user:password@]host:port[/db])"
+                            .to_owned(),
+                    );
+                }
+                o.redis_url = Some(v);
+            }
+            Long("key-prefix") => {
+                let v = text(&mut parser, "--key-prefix")?;
+                if v.is_empty() || v.contains(['{', '}']) || v.chars().any(char::is_control) {
+                    return Err(format!(
+                        "--key-prefix: {v:?} must be non-empty, without braces or control characters"
+                    ));
+                }
+                o.key_prefix = Some(v);
+            }
+            Long("lease-ttl") => {
+                let v = text(&mut parser, "--lease-ttl")?;
+                match humantime::parse_duration(&v) {
+                    Ok(d) if (MIN_LEASE_TTL..=MAX_LEASE_TTL).contains(&d) => o.lease_ttl = Some(d),
+                    Ok(_) => {
+                        return Err(format!("--lease-ttl: {v:?} is outside 10ms to 1day"));
+                    }
+                    Err(e) => {
+                        return Err(format!(
+                            "--lease-ttl: {v:?} is not a duration like 10s or 500ms ({e})"
+                        ));
+                    }
+                }
+            }
+            Long("processes") => o.processes = true,
+            Long("kill-replica-at") => {
+                let v = text(&mut parser, "--kill-replica-at")?;
+                match v.parse::<f64>() {
+                    Ok(f) if (0.0..=1.0).contains(&f) => o.kill_replica_at = Some(f),
+                    _ => {
+                        return Err(format!(
+                            "--kill-replica-at: {v:?} is not a fraction from 0 to 1 (e.g. 0.5: once half the updates were delivered)"
+                        ));
+                    }
+                }
+            }
+            Long("child-replica") => {
+                let v = text(&mut parser, "--child-replica")?;
+                if v.is_empty() {
+                    return Err("--child-replica: the replica id is empty".to_owned());
+                }
+                o.child_replica = Some(v);
             }
             Long("log") => o.log = Some(PathBuf::from(value(&mut parser, "--log")?)),
             Long("json") => o.json = true,
@@ -174,7 +266,46 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String
             _ => return Err(arg.unexpected().to_string()),
         }
     }
-    Ok(Command::Run(o))
+    if o.child_replica.is_some() && o.redis_url.is_none() {
+        // A replica process gets the URL from its parent through the environment.
+        o.redis_url = std::env::var(REDIS_URL_ENV).ok();
+    }
+    check_combination(&o)?;
+    Ok(Command::Run(Box::new(o)))
+}
+
+/// Refuses flags that only make sense together with others.
+fn check_combination(o: &Options) -> Result<(), String> {
+    let redis = o.backend == "redis";
+    if redis && o.redis_url.is_none() {
+        return Err("--backend redis needs --redis-url URL".to_owned());
+    }
+    let redis_only = [
+        ("--redis-url", o.redis_url.is_some()),
+        ("--key-prefix", o.key_prefix.is_some()),
+        ("--lease-ttl", o.lease_ttl.is_some()),
+        ("--processes", o.processes),
+        ("--child-replica", o.child_replica.is_some()),
+    ];
+    if let Some((flag, _)) = redis_only.iter().find(|(_, set)| *set && !redis) {
+        return Err(format!(
+            "{flag}: only with --backend redis (replicas in several processes need a shared server)"
+        ));
+    }
+    if o.kill_replica_at.is_some() {
+        if !o.processes {
+            return Err("--kill-replica-at: only with --processes".to_owned());
+        }
+        if o.replicas < 2 {
+            return Err(
+                "--kill-replica-at: needs --replicas 2 or more (someone must take over)".to_owned(),
+            );
+        }
+    }
+    if o.child_replica.is_some() && o.processes {
+        return Err("--child-replica: a replica process does not start processes".to_owned());
+    }
+    Ok(())
 }
 
 fn value(parser: &mut lexopt::Parser, flag: &str) -> Result<OsString, String> {

@@ -43,12 +43,16 @@ pub enum LogMsg {
         index: usize,
         /// How it ended.
         ending: Ending,
+        /// Whether the platform delivered it again after a replica died with it.
+        redelivered: bool,
     },
     /// Everything has ended: flush and stop.
     Finish,
 }
 
-/// One line of the `--log` file, in the shape of issue 2, item 6.
+/// One line of the `--log` file, in the shape of issue 2, item 6, plus
+/// `"redelivered": true` (issue 3, item 4) on the updates the platform sent again after
+/// a replica process died with them (absent otherwise, so the line is unchanged).
 #[derive(Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 enum LogLine<'a> {
@@ -60,20 +64,33 @@ enum LogLine<'a> {
         fence: u64,
         start_us: u64,
         end_us: u64,
+        #[serde(skip_serializing_if = "is_false")]
+        redelivered: bool,
     },
     Dropped {
         update_id: i64,
         chat: &'a str,
         reason: &'a str,
+        #[serde(skip_serializing_if = "is_false")]
+        redelivered: bool,
     },
     Duplicate {
         update_id: i64,
+        #[serde(skip_serializing_if = "is_false")]
+        redelivered: bool,
     },
     Failed {
         update_id: i64,
         chat: &'a str,
         error: &'a str,
+        #[serde(skip_serializing_if = "is_false")]
+        redelivered: bool,
     },
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's `skip_serializing_if` passes a reference
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// The thread that owns the `--log` file.
@@ -140,9 +157,13 @@ fn write_log(
     let mut lines = 0u64;
     let mut failure: Option<String> = None;
     for msg in rx {
-        let (index, ending) = match msg {
+        let (index, ending, redelivered) = match msg {
             LogMsg::Finish => break,
-            LogMsg::Ended { index, ending } => (index, ending),
+            LogMsg::Ended {
+                index,
+                ending,
+                redelivered,
+            } => (index, ending, redelivered),
         };
         if failure.is_some() {
             continue; // keep draining so the senders never notice
@@ -165,19 +186,23 @@ fn write_log(
                 fence: *fence,
                 start_us: *start_us,
                 end_us: *end_us,
+                redelivered,
             },
             Ending::Dropped(reason) => LogLine::Dropped {
                 update_id: entry.update_id,
                 chat,
                 reason,
+                redelivered,
             },
             Ending::Duplicate => LogLine::Duplicate {
                 update_id: entry.update_id,
+                redelivered,
             },
             Ending::Failed(error) => LogLine::Failed {
                 update_id: entry.update_id,
                 chat,
                 error,
+                redelivered,
             },
         };
         let written = serde_json::to_writer(&mut out, &line)
@@ -261,6 +286,32 @@ pub struct Summary {
     pub wait_max_us: Option<f64>,
     /// Anything unusual about the run (a stall, a log write failure).
     pub notes: String,
+    /// What only a Redis run has; `None` for the memory backend.
+    pub redis: Option<RedisFacts>,
+}
+
+/// The Redis side of a run: its settings, and with `--processes` the redeliveries.
+#[derive(Debug, Default)]
+pub struct RedisFacts {
+    /// `threads` (replicas in this process) or `processes` (one OS process each).
+    pub mode: &'static str,
+    /// The key prefix the run used.
+    pub key_prefix: String,
+    /// The lease TTL, ms.
+    pub lease_ttl_ms: u128,
+    /// `--kill-replica-at`.
+    pub kill_replica_at: Option<f64>,
+    /// The replica that was killed, and at how many first deliveries.
+    pub killed: Option<(String, usize)>,
+    /// Updates delivered again because the replica that had them died.
+    pub redelivered: u64,
+    /// Of those, how many were handled in the end.
+    pub redelivered_handled: u64,
+    /// Redeliveries answered `duplicate` while the dead replica's claim could still be
+    /// live, and so sent again later.
+    pub redelivery_retries: u64,
+    /// Redelivered updates that ended more than once (allowed: at-least-once).
+    pub redelivered_ended_twice: u64,
 }
 
 impl Summary {
@@ -290,9 +341,19 @@ impl Summary {
         };
         let us = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1} µs"));
         let d = &self.dropped;
+        let setup = match &self.redis {
+            Some(r) if r.mode == "processes" => format!(
+                "{} replica processes × {} workers, {} backend, {} intake threads each",
+                self.replicas, self.workers, self.backend, self.senders
+            ),
+            _ => format!(
+                "{} replicas × {} workers, {} backend, {} platform senders",
+                self.replicas, self.workers, self.backend, self.senders
+            ),
+        };
         let mut s = format!(
             "replay of {path}\n  \
-             setup        {r} replicas × {w} workers, {backend} backend, {senders} platform senders, seed {seed}, {speed}\n  \
+             setup        {setup}, seed {seed}, {speed}\n  \
              handler      {hms} ms ± {jms} ms, turn_wait {tw} ms\n  \
              updates      {u} text messages in {c} chats ({sk} lines skipped)\n  \
              handled      {h}\n  \
@@ -305,10 +366,6 @@ impl Summary {
              throughput   {mps:.0} messages/s\n  \
              turn wait    p50 {p50}, p99 {p99}, max {max}\n",
             path = self.updates_path,
-            r = self.replicas,
-            w = self.workers,
-            backend = self.backend,
-            senders = self.senders,
             seed = self.seed,
             hms = self.handler_ms,
             jms = self.handler_jitter_ms,
@@ -336,6 +393,26 @@ impl Summary {
             p99 = us(self.wait_p99_us),
             max = us(self.wait_max_us),
         );
+        if let Some(r) = &self.redis {
+            s.push_str(&format!(
+                "  redis        key prefix {}, lease TTL {} ms\n",
+                r.key_prefix, r.lease_ttl_ms
+            ));
+            if r.mode == "processes" {
+                let killed = match (&r.killed, r.kill_replica_at) {
+                    (Some((name, at)), _) => {
+                        format!("{name} SIGKILLed after {at} deliveries")
+                    }
+                    (None, Some(f)) => format!("none (asked for at {f})"),
+                    (None, None) => "none".to_owned(),
+                };
+                s.push_str(&format!(
+                    "  killed       {killed}\n  \
+                     redelivered  {} (handled {}, retried after a duplicate answer {}, ended twice {})\n",
+                    r.redelivered, r.redelivered_handled, r.redelivery_retries, r.redelivered_ended_twice
+                ));
+            }
+        }
         if !self.notes.is_empty() {
             s.push_str(&format!("  note         {}\n", self.notes));
         }
@@ -353,6 +430,7 @@ impl Summary {
     /// Only if serialisation fails, which plain numbers and strings do not.
     pub fn json(&self) -> Result<String, serde_json::Error> {
         let round = |v: f64| (v * 10.0).round() / 10.0;
+        let processes = self.redis.as_ref().filter(|r| r.mode == "processes");
         let record = Record {
             peer: format!("botmesh-{}", self.backend),
             workload: "replay",
@@ -367,6 +445,9 @@ impl Summary {
                 handler_jitter_ms: self.handler_jitter_ms,
                 speed: self.speed,
                 turn_wait_ms: self.turn_wait_ms,
+                mode: self.redis.as_ref().map(|r| r.mode),
+                lease_ttl_ms: self.redis.as_ref().map(|r| r.lease_ttl_ms),
+                kill_replica_at: self.redis.as_ref().and_then(|r| r.kill_replica_at),
             },
             ops_per_s: round(self.messages_per_s),
             p50_us: self.wait_p50_us.map(round),
@@ -394,6 +475,15 @@ impl Summary {
                 skipped_lines: self.skipped_lines,
                 wall_s: (self.wall_s * 1000.0).round() / 1000.0,
                 wait_max_us: self.wait_max_us.map(round),
+                key_prefix: self.redis.as_ref().map(|r| r.key_prefix.as_str()),
+                killed: self
+                    .redis
+                    .as_ref()
+                    .and_then(|r| r.killed.as_ref())
+                    .map(|(name, _)| name.as_str()),
+                redelivered: processes.map(|r| r.redelivered),
+                redelivered_handled: processes.map(|r| r.redelivered_handled),
+                redelivery_retries: processes.map(|r| r.redelivery_retries),
             },
         };
         serde_json::to_string(&record)
@@ -411,7 +501,7 @@ struct Record<'a> {
     exclusion_violations: u64,
     max_streak: Option<u64>,
     notes: &'a str,
-    extra: Extra,
+    extra: Extra<'a>,
 }
 
 #[derive(Serialize)]
@@ -426,10 +516,16 @@ struct Params<'a> {
     handler_jitter_ms: f64,
     speed: Option<f64>,
     turn_wait_ms: u128,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mode: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease_ttl_ms: Option<u128>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kill_replica_at: Option<f64>,
 }
 
 #[derive(Serialize)]
-struct Extra {
+struct Extra<'a> {
     handled: u64,
     dropped: Dropped,
     duplicates: u64,
@@ -444,6 +540,16 @@ struct Extra {
     skipped_lines: usize,
     wall_s: f64,
     wait_max_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key_prefix: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    killed: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    redelivered: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    redelivered_handled: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    redelivery_retries: Option<u64>,
 }
 
 #[derive(Serialize)]

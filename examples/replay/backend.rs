@@ -1,0 +1,85 @@
+//! The coordinators a replay runs over: one shared `MemoryCoordinator`, or a
+//! `RedisCoordinator` per replica (each with its own connection pool and subscriber,
+//! as separate processes would have).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use botmesh::{Coordinator, MemoryCoordinator};
+
+use crate::args::Options;
+
+/// The Redis settings of a run, resolved once (the parent hands the same ones to its
+/// replica processes).
+#[derive(Clone, Debug)]
+pub struct RedisSettings {
+    /// The server's URL (never printed: it may hold a password).
+    pub url: String,
+    /// The key prefix of this run.
+    pub key_prefix: String,
+    /// The lease TTL.
+    pub lease_ttl: Duration,
+}
+
+impl RedisSettings {
+    /// The settings `o` asks for; `None` for the memory backend. Without
+    /// `--key-prefix`, a fresh prefix `replay-<pid>-<nanos>`, so that runs on one
+    /// server never see each other's keys (every key botmesh leaves expires on its own).
+    pub fn of(o: &Options) -> Option<RedisSettings> {
+        let url = o.redis_url.clone().filter(|_| o.backend == "redis")?;
+        let key_prefix = o.key_prefix.clone().unwrap_or_else(|| {
+            let nanos = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            format!("replay-{}-{nanos}", std::process::id())
+        });
+        Some(RedisSettings {
+            url,
+            key_prefix,
+            lease_ttl: o.lease_ttl.unwrap_or(botmesh::memory::DEFAULT_LEASE_TTL),
+        })
+    }
+}
+
+/// The coordinators for `replicas` replicas in this process: the one memory
+/// coordinator for all, or one Redis connection (pool) per replica.
+///
+/// # Errors
+/// A message when Redis cannot be reached or refuses the settings.
+pub fn coordinators(
+    redis: Option<&RedisSettings>,
+    replicas: usize,
+) -> Result<Vec<Arc<dyn Coordinator>>, String> {
+    match redis {
+        None => {
+            let shared: Arc<dyn Coordinator> = Arc::new(MemoryCoordinator::new());
+            Ok(vec![shared; replicas])
+        }
+        Some(settings) => (0..replicas).map(|_| connect(settings)).collect(),
+    }
+}
+
+/// One connection (pool) to the run's Redis server.
+///
+/// # Errors
+/// A message when the server cannot be reached, refuses the credentials, or the
+/// options are refused.
+#[cfg(feature = "redis")]
+pub fn connect(settings: &RedisSettings) -> Result<Arc<dyn Coordinator>, String> {
+    use botmesh::redis::{RedisCoordinator, RedisOptions};
+    let options = RedisOptions::new(settings.url.as_str())
+        .with_key_prefix(settings.key_prefix.as_str())
+        .with_lease_ttl(settings.lease_ttl);
+    let coordinator = RedisCoordinator::connect(options)
+        .map_err(|e| format!("--redis-url: cannot use the Redis server: {e}"))?;
+    Ok(Arc::new(coordinator))
+}
+
+/// Without the `redis` feature there is no Redis backend to connect to.
+///
+/// # Errors
+/// Always.
+#[cfg(not(feature = "redis"))]
+pub fn connect(_settings: &RedisSettings) -> Result<Arc<dyn Coordinator>, String> {
+    Err("--backend redis: botmesh was built without its `redis` feature".to_owned())
+}
