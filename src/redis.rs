@@ -10,7 +10,7 @@
 //! | --- | --- | --- | --- |
 //! | `P:{c}:h` | string | the holder: ticket, token, previous replica and token, NUL-separated | the lease TTL |
 //! | `P:{c}:q` | list | tickets in arrival order (FIFO) | 3 × TTL, refreshed by waiters |
-//! | `P:{c}:w` | hash | ticket → alive-until (µs, server clock), refreshed every renewal | 3 × TTL, refreshed |
+//! | `P:{c}:w` | hash | replica → alive-until (µs, server clock) of its tickets here, refreshed every renewal | 3 × TTL, refreshed |
 //! | `P:{c}:l` | string | the last grant's token and replica, NUL-separated | 1 h |
 //! | `P:{c}:m:<id>` | string | the ticket that claimed message `<id>`, or `!` once handled | the dedup window |
 //!
@@ -26,8 +26,10 @@
 //!   `lost`. The grant is published to the new holder's replica on
 //!   `P:{wake}:<replica>` (unless it is the caller's own, which gets it in the reply).
 //! - `renew` and `check`: the renewal tick sends one pipeline (one round trip) with a
-//!   `renew` per held lease (`PEXPIRE` if still ours) and a `check` per waiting ticket
-//!   (refresh its liveness, replace an expired holder, report granted / waiting / gone).
+//!   `renew` per held lease (`PEXPIRE` if still ours) and a `check` per chat the
+//!   replica waits on, for its earliest ticket there (refresh the liveness of all its
+//!   tickets in the chat, replace an expired holder, report granted / waiting / gone).
+//!   A backlog of queued messages therefore adds nothing to a tick.
 //! - `cancel`: take a ticket whose wait ran out out of the queue (or report that it was
 //!   granted meanwhile) and give up its message claim.
 //!
@@ -39,7 +41,7 @@
 //! server whose clock is behind by more than the chat's idle time could break that;
 //! keep clocks synchronised).
 //!
-//! A ticket whose replica stopped renewing lapses (alive-until passes) and is skipped
+//! Tickets whose replica stopped renewing lapse (its alive-until passes) and are skipped
 //! at hand-over; a grant made to it is capped by its alive-until, so a crashed replica
 //! costs the others at most about one TTL in all.
 //!
@@ -82,17 +84,17 @@ const ENQUEUE: &str = r#"
 local hv = holder(h)
 if hv and hv[1] == t then return {'granted', t, hv[2], hv[3], hv[4]} end
 local queued = redis.call('LLEN', q)
-if queued > 0 and redis.call('HEXISTS', w, t) == 1 then return {'queued'} end
+if queued > 0 and redis.call('LPOS', q, t) then return {'queued'} end
 local now = nil
 if m then
   local c = redis.call('GET', m)
   if c == '!' then return {'duplicate'} end
   if c and c ~= t then
     if hv and hv[1] == c then return {'duplicate'} end
-    local wc = tonumber(redis.call('HGET', w, c))
-    if wc then
+    if queued > 0 and redis.call('LPOS', q, c) then
+      local wc = tonumber(redis.call('HGET', w, replica_of(c)))
       now = now_us()
-      if wc > now then return {'duplicate'} end
+      if wc and wc > now then return {'duplicate'} end
     end
   end
   if c then redis.call('SET', m, t, 'KEEPTTL') else redis.call('SET', m, t, 'PX', ARGV[6]) end
@@ -104,7 +106,7 @@ if not hv and queued == 0 then
 end
 now = now or now_us()
 redis.call('RPUSH', q, t)
-redis.call('HSET', w, t, num(now + ttl * 1000))
+redis.call('HSET', w, replica_of(t), num(now + ttl * 1000))
 touch(q, w, ttl)
 if not hv then
   local g = settle(h, q, w, l, chat, ttl, hist, wake, mine)
@@ -145,8 +147,8 @@ if not hv then
   if g then hv = {g[1], g[2], g[3], g[4]} end
 end
 if hv and hv[1] == t then return {'granted', t, hv[2], hv[3], hv[4]} end
-if redis.call('HEXISTS', w, t) == 1 then
-  redis.call('HSET', w, t, num(now_us() + ttl * 1000))
+if redis.call('LPOS', q, t) then
+  redis.call('HSET', w, replica_of(t), num(now_us() + ttl * 1000))
   touch(q, w, ttl)
   return {'waiting'}
 end
@@ -161,7 +163,6 @@ if not hv then
 end
 if hv and hv[1] == t then return {'granted', t, hv[2], hv[3], hv[4]} end
 redis.call('LREM', q, 0, t)
-redis.call('HDEL', w, t)
 if m and redis.call('GET', m) == t then redis.call('DEL', m) end
 return {'cancelled'}
 "#;

@@ -3,7 +3,9 @@
 --   h  holder:  STRING t NUL k NUL pr NUL pk (ticket, token, previous replica and
 --               token); PX = the lease
 --   q  queue:   LIST of tickets in arrival order
---   w  waiting: HASH ticket -> alive-until (server time, us), refreshed by renewals
+--   w  waiting: HASH replica -> alive-until (server time, us) of that replica's tickets
+--               in this chat, refreshed by its renewals (one field per replica, so a
+--               deep queue costs the renewal tick nothing more)
 --   l  last:    STRING k NUL r (last token and replica); PX = history
 --   m  claim:   STRING the message id's claimant ticket, or "!" once handled
 -- A ticket is "<seq>:<replica>". Times are Redis TIME in microseconds. Every
@@ -68,8 +70,7 @@ local function settle(h, q, w, l, chat, ttl, hist, wake, keep)
   while true do
     local t = redis.call('LPOP', q)
     if not t then return nil end
-    local alive = tonumber(redis.call('HGET', w, t))
-    redis.call('HDEL', w, t)
+    local alive = tonumber(redis.call('HGET', w, replica_of(t)))
     now = now or now_us()
     if alive and alive > now then
       local lease = math.floor((alive - now) / 1000)

@@ -648,17 +648,38 @@ impl Inner {
         self.ghosts.lock().extend(left);
     }
 
-    /// The waiting tickets whose place in the queue is confirmed, for the renewal
-    /// tick: (chat, seq, message id).
+    /// For the renewal tick: per chat, this replica's earliest placed waiting ticket
+    /// (chat, seq, message id). Only it can be the next grant among ours, and the
+    /// backend keeps a replica's tickets of a chat alive together, so one check per
+    /// chat suffices however deep the queue: a backlog does not multiply the tick's
+    /// work.
     pub(crate) fn placed_waiters(&self) -> Vec<PlacedWaiter> {
+        let mut first: HashMap<Arc<str>, (u64, Option<Arc<str>>)> = HashMap::new();
+        for (seq, w) in self.waiting.lock().iter().filter(|(_, w)| w.placed) {
+            let e = first
+                .entry(w.chat.clone())
+                .or_insert_with(|| (*seq, w.message_id.clone()));
+            if *seq < e.0 {
+                *e = (*seq, w.message_id.clone());
+            }
+        }
+        let mut list: Vec<PlacedWaiter> = first
+            .into_iter()
+            .map(|(chat, (seq, id))| (chat, seq, id))
+            .collect();
+        list.sort_unstable_by_key(|w| w.1);
+        list
+    }
+
+    /// This replica's placed waiting tickets on one chat, in intake order.
+    fn placed_on(&self, chat: &str) -> Vec<PlacedWaiter> {
         let mut list: Vec<PlacedWaiter> = self
             .waiting
             .lock()
             .iter()
-            .filter(|(_, w)| w.placed)
+            .filter(|(_, w)| w.placed && &*w.chat == chat)
             .map(|(seq, w)| (w.chat.clone(), *seq, w.message_id.clone()))
             .collect();
-        // In intake order, so tickets queued again keep their relative order.
         list.sort_unstable_by_key(|w| w.1);
         list
     }
@@ -674,7 +695,14 @@ impl Inner {
             match state {
                 TicketState::Granted(grant) => self.deliver(chat, grant),
                 TicketState::Waiting => {}
-                TicketState::Gone => self.requeue(chat, *seq, message_id.as_deref()),
+                TicketState::Gone => {
+                    // The backend lost our earliest ticket of this chat, so most likely
+                    // all of them (a restart): queue them all again, in intake order.
+                    let _ = (seq, message_id);
+                    for (chat, seq, id) in self.placed_on(chat) {
+                        self.requeue(&chat, seq, id.as_deref());
+                    }
+                }
             }
         }
     }
