@@ -13,11 +13,14 @@
 //!
 //! [`Replica::abort`]: crate::Replica::abort
 
-use std::collections::hash_map::DefaultHasher;
-use std::collections::{HashMap, VecDeque};
-use std::hash::{Hash, Hasher};
+use std::collections::VecDeque;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// The turn table's maps use foldhash (randomly seeded per map, far cheaper than
+/// SipHash on short keys): every message costs several lookups.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 use parking_lot::{Mutex, RwLock};
 
@@ -57,6 +60,7 @@ pub struct MemoryCoordinator {
     dedup_window: Duration,
     history: Duration,
     shards: Box<[Mutex<Shard>]>,
+    shard_hasher: foldhash::fast::RandomState,
     replicas: RwLock<HashMap<ReplicaId, ReplicaEntry>>,
     last_token: AtomicU64,
 }
@@ -72,17 +76,31 @@ struct Shard {
     seen: HashMap<(String, String), Seen>,
     /// Claims in the order they were made, so expired ones are purged from the front.
     seen_order: VecDeque<(Instant, (String, String))>,
-    /// The last holder of chats that went idle, until it expires.
-    last: HashMap<String, (Previous, Instant)>,
-    /// Size of `last` at which expired entries are swept next.
-    last_sweep_at: usize,
+    /// Size of `chats` at which expired idle chats are swept next.
+    sweep_at: usize,
 }
 
-#[derive(Default)]
 struct ChatState {
     holder: Option<Holder>,
     queue: VecDeque<Queued>,
     previous: Option<Previous>,
+    /// While idle: until when the state (the previous holder) is kept.
+    idle_until: Instant,
+}
+
+impl ChatState {
+    fn new(now: Instant) -> Self {
+        ChatState {
+            holder: None,
+            queue: VecDeque::new(),
+            previous: None,
+            idle_until: now,
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.holder.is_none() && self.queue.is_empty()
+    }
 }
 
 struct Holder {
@@ -135,7 +153,8 @@ impl MemoryCoordinator {
             dedup_window: dedup_window.min(FOREVER),
             history: HISTORY,
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            replicas: RwLock::new(HashMap::new()),
+            shard_hasher: foldhash::fast::RandomState::default(),
+            replicas: RwLock::new(HashMap::default()),
             last_token: AtomicU64::new(0),
         }
     }
@@ -148,13 +167,15 @@ impl MemoryCoordinator {
 
     /// How many chats currently have state (a holder or waiters): 0 when all are idle.
     pub fn active_chats(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().chats.len()).sum()
+        self.shards
+            .iter()
+            .map(|s| s.lock().chats.values().filter(|c| !c.is_idle()).count())
+            .sum()
     }
 
     fn shard(&self, chat: &str) -> &Mutex<Shard> {
-        let mut h = DefaultHasher::new();
-        chat.hash(&mut h);
-        &self.shards[(h.finish() as usize) % self.shards.len()]
+        let h = self.shard_hasher.hash_one(chat);
+        &self.shards[(h as usize) % self.shards.len()]
     }
 
     fn alive(&self, replica: &ReplicaId, now: Instant) -> bool {
@@ -186,24 +207,35 @@ impl MemoryCoordinator {
             if q.deadline < now || alive_until < now {
                 continue;
             }
-            let token = self.last_token.fetch_add(1, Ordering::Relaxed) + 1;
-            let previous = chat.previous.clone();
-            chat.holder = Some(Holder {
-                ticket: q.ticket.clone(),
-                token,
-                // A grant to a replica that stopped renewing lapses with its liveness,
-                // so a crashed replica's queued tickets cost the others at most one TTL
-                // in all, not one TTL each.
-                lease_until: (now + self.ttl).min(alive_until),
-                previous: previous.clone(),
-            });
-            return Some(Grant {
-                ticket: q.ticket,
-                token,
-                previous,
-            });
+            return Some(self.grant(chat, q.ticket, now, alive_until));
         }
         None
+    }
+
+    /// Makes `ticket` the holder of a free chat.
+    fn grant(
+        &self,
+        chat: &mut ChatState,
+        ticket: Ticket,
+        now: Instant,
+        alive_until: Instant,
+    ) -> Grant {
+        let token = self.last_token.fetch_add(1, Ordering::Relaxed) + 1;
+        let previous = chat.previous.clone();
+        chat.holder = Some(Holder {
+            ticket: ticket.clone(),
+            token,
+            // A grant to a replica that stopped renewing lapses with its liveness, so a
+            // crashed replica's queued tickets cost the others at most one TTL in all,
+            // not one TTL each.
+            lease_until: (now + self.ttl).min(alive_until),
+            previous: previous.clone(),
+        });
+        Grant {
+            ticket,
+            token,
+            previous,
+        }
     }
 
     fn push(&self, pushes: Pushes) {
@@ -234,29 +266,23 @@ impl MemoryCoordinator {
     }
 }
 
-/// Drops the state of a chat nobody holds or waits for, keeping only who held it last,
-/// for `history` (like a Redis key with a TTL), so the next grant can still name the
-/// previous holder.
+/// A chat nobody holds or waits for keeps only who held it last, until `history` has
+/// passed (like a Redis key with a TTL), so the next grant can still name the previous
+/// holder. Its state stays in the map meanwhile, so a busy chat going idle and active
+/// again costs no allocation; expired idle chats are swept when the map has doubled
+/// since the last sweep (amortised O(1), and the map stays within twice the live
+/// entries).
 fn drop_if_idle(shard: &mut Shard, chat: &str, now: Instant, history: Duration) {
-    if !shard
-        .chats
-        .get(chat)
-        .is_some_and(|c| c.holder.is_none() && c.queue.is_empty())
+    if let Some(c) = shard.chats.get_mut(chat)
+        && c.is_idle()
     {
-        return;
+        c.idle_until = now + history;
     }
-    if let Some(state) = shard.chats.remove(chat)
-        && let Some(previous) = state.previous
-    {
+    if shard.chats.len() >= shard.sweep_at {
         shard
-            .last
-            .insert(chat.to_owned(), (previous, now + history));
-    }
-    // Expired history is swept when the map has doubled since the last sweep: amortised
-    // O(1) per call, and the map stays within twice the live entries.
-    if shard.last.len() >= shard.last_sweep_at {
-        shard.last.retain(|_, (_, expires)| *expires >= now);
-        shard.last_sweep_at = (shard.last.len() * 2).max(1024);
+            .chats
+            .retain(|_, c| !c.is_idle() || c.idle_until >= now);
+        shard.sweep_at = (shard.chats.len() * 2).max(1024);
     }
 }
 
@@ -375,22 +401,24 @@ impl Coordinator for MemoryCoordinator {
                 shard.seen_order.push_back((expires, key));
             }
             if !shard.chats.contains_key(req.chat) {
-                let previous = shard
-                    .last
-                    .remove(req.chat)
-                    .filter(|l| l.1 >= now)
-                    .map(|l| l.0);
-                shard.chats.insert(
-                    req.chat.to_owned(),
-                    ChatState {
-                        previous,
-                        ..ChatState::default()
-                    },
-                );
+                shard.chats.insert(req.chat.to_owned(), ChatState::new(now));
             }
             let Some(chat) = shard.chats.get_mut(req.chat) else {
                 return Err(BackendError::new("chat state vanished under its lock"));
             };
+            if chat.is_idle() && chat.idle_until < now {
+                // Idle past its history: forget the previous holder, as Redis would.
+                chat.previous = None;
+            }
+            if chat.holder.is_none() && chat.queue.is_empty() {
+                // The uncontended path: a free chat is granted without queueing.
+                if let Some(alive_until) =
+                    self.alive_until(&req.ticket.replica).filter(|t| *t >= now)
+                {
+                    let grant = self.grant(chat, req.ticket.clone(), now, alive_until);
+                    return Ok(Enqueued::Granted(grant));
+                }
+            }
             chat.queue.push_back(Queued {
                 ticket: req.ticket.clone(),
                 deadline: now + req.wait.min(FOREVER),

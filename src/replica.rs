@@ -10,11 +10,15 @@
 //! just wants a distributed per-chat lock.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// The turn table's maps use foldhash (randomly seeded per map, far cheaper than
+/// SipHash on short keys): every message costs several lookups.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 use parking_lot::{Condvar, Mutex};
 
@@ -180,8 +184,8 @@ impl Replica {
                     .unwrap_or(0),
             ),
             state: AtomicU8::new(RUNNING),
-            waiting: Mutex::new(HashMap::new()),
-            held: Mutex::new(HashMap::new()),
+            waiting: Mutex::new(HashMap::default()),
+            held: Mutex::new(HashMap::default()),
             ghosts: Mutex::new(Vec::new()),
             deadlines: Mutex::new(BinaryHeap::new()),
             deadlines_cv: Condvar::new(),
@@ -437,7 +441,7 @@ impl Inner {
             message_id,
             wait,
         };
-        let sent = Instant::now();
+        let sent = since; // one clock read serves both
         match self.coordinator.enqueue(&request) {
             Ok(Enqueued::Granted(grant)) => {
                 inc(&self.metrics.accepted);
@@ -654,7 +658,7 @@ impl Inner {
     /// chat suffices however deep the queue: a backlog does not multiply the tick's
     /// work.
     pub(crate) fn placed_waiters(&self) -> Vec<PlacedWaiter> {
-        let mut first: HashMap<Arc<str>, (u64, Option<Arc<str>>)> = HashMap::new();
+        let mut first: HashMap<Arc<str>, (u64, Option<Arc<str>>)> = HashMap::default();
         for (seq, w) in self.waiting.lock().iter().filter(|(_, w)| w.placed) {
             let e = first
                 .entry(w.chat.clone())
