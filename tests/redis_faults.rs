@@ -427,3 +427,36 @@ fn shutdown_with_paused_redis_is_bounded() {
     // Two attempts of a 500 ms timeout, plus slack; 20 sequential timeouts would be 20 s.
     assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
 }
+
+/// A URL with an ACL user and password works; a wrong password is refused with an
+/// error that does not show it.
+#[test]
+fn acl_user_and_password() {
+    let server = RedisServer::start();
+    let mut admin = server.connection();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("bot")
+        .arg("on")
+        .arg(">s3cret-pass")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .query(&mut admin)
+        .expect("ACL SETUSER");
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("off")
+        .query(&mut admin)
+        .expect("disable the default user");
+    let url = format!("redis://bot:s3cret-pass@127.0.0.1:{}", server.port());
+    let r = Replica::start("r", coordinator(&url, Duration::from_secs(10))).expect("start");
+    let turn = r.acquire("chat", RECV).expect("acquire as the ACL user");
+    turn.release().expect("release");
+    r.shutdown();
+    let bad = format!("redis://bot:wrong-pass@127.0.0.1:{}", server.port());
+    let err = RedisCoordinator::connect(RedisOptions::new(bad)).expect_err("refused");
+    let text = format!("{err} {err:?}");
+    assert!(!text.contains("wrong-pass"), "{text}");
+}
