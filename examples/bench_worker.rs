@@ -71,7 +71,7 @@ use parking_lot::{Condvar, Mutex};
 const USAGE: &str = "\
 usage: bench_worker --workload W1|W2|W3 --out FILE [options]
 
-  --workload W1|W2|W3   the workload (FORMAT.md)
+  --workload W1|W2|W3   the workload (see the shared benchmark format, bench/FORMAT.md)
   --replica I           this process's index, 0-based          (default 0)
   --replicas R          processes in the run                   (default 1)
   --threads T           worker threads in this process         (default 1)

@@ -30,7 +30,7 @@ options:
                            [default: memory]
   --redis-url URL          the Redis server, e.g. redis://127.0.0.1:6379 (with --backend redis)
   --key-prefix P           Redis key prefix [default: a fresh replay-<pid>-<nanos> per run]
-  --lease-ttl DURATION     Redis lease TTL, e.g. 10s, 2s [default: 10s]
+  --lease-ttl DURATION     Redis lease TTL, e.g. 10s, 2s (with --backend redis) [default: 10s]
   --processes              run each replica as its own OS process (needs --backend redis);
                            --senders is then the intake threads of each replica process
   --kill-replica-at F      with --processes: SIGKILL one replica once the fraction F (0 to 1)
