@@ -13,7 +13,10 @@
 //!   in one coordinator call per tick by one thread. A replica that dies frees its
 //!   chats within the TTL (Gray and Cheriton, "Leases", 1989).
 //! - **Backends.** [`MemoryCoordinator`] for one process (and for tests: replicas as
-//!   threads, crashes included); other backends implement [`Coordinator`].
+//!   threads, crashes included); `RedisCoordinator` (module [`redis`], feature
+//!   `redis`, on by default) for replicas in many processes and machines; other
+//!   backends implement [`Coordinator`], and the crate's conformance suite (in
+//!   `tests/`) checks them against the same contract.
 //!
 //! ```
 //! use std::sync::Arc;
