@@ -540,32 +540,13 @@ impl fmt::Debug for CoordinatorConfig {
             #[cfg(feature = "redis")]
             CoordinatorConfig::Redis(options) => f
                 .debug_tuple("Redis")
-                .field(&RedactedRedis(options))
+                .field(options) // RedisOptions' Debug redacts the URL
                 .finish(),
             CoordinatorConfig::Shared(coordinator) => f
                 .debug_tuple("Shared")
                 .field(&coordinator.backend())
                 .finish(),
         }
-    }
-}
-
-/// Redis options as shown by `Debug`, without the URL (written out here rather than
-/// relying on `RedisOptions`' own `Debug`, so that the URL cannot leak through it).
-#[cfg(feature = "redis")]
-struct RedactedRedis<'a>(&'a crate::redis::RedisOptions);
-
-#[cfg(feature = "redis")]
-impl fmt::Debug for RedactedRedis<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let o = self.0;
-        f.debug_struct("RedisOptions")
-            .field("url", &"<redacted>")
-            .field("key_prefix", &o.key_prefix)
-            .field("lease_ttl", &o.lease_ttl)
-            .field("dedup_window", &o.dedup_window)
-            .field("command_timeout", &o.command_timeout)
-            .finish()
     }
 }
 

@@ -141,11 +141,7 @@ return 0
 "#;
 
 const CHECK: &str = r#"
-local hv = holder(h)
-if not hv then
-  local g = settle(h, q, w, l, chat, ttl, hist, wake, function(x) return x == t end)
-  if g then hv = {g[1], g[2], g[3], g[4]} end
-end
+local hv = holder_or_settle(h, q, w, l, chat, t, ttl, hist, wake)
 if hv and hv[1] == t then return {'granted', t, hv[2], hv[3], hv[4]} end
 if redis.call('LPOS', q, t) then
   redis.call('HSET', w, replica_of(t), num(now_us() + ttl * 1000))
@@ -156,11 +152,7 @@ return {'gone'}
 "#;
 
 const CANCEL: &str = r#"
-local hv = holder(h)
-if not hv then
-  local g = settle(h, q, w, l, chat, ttl, hist, wake, function(x) return x == t end)
-  if g then hv = {g[1], g[2], g[3], g[4]} end
-end
+local hv = holder_or_settle(h, q, w, l, chat, t, ttl, hist, wake)
 if hv and hv[1] == t then return {'granted', t, hv[2], hv[3], hv[4]} end
 redis.call('LREM', q, 0, t)
 if m and redis.call('GET', m) == t then redis.call('DEL', m) end

@@ -80,6 +80,15 @@ local function settle(h, q, w, l, chat, ttl, hist, wake, keep)
     end
   end
 end
+-- The holder of the chat, after handing a free chat on; a grant to ticket t itself is
+-- not published (the caller answers with it).
+local function holder_or_settle(h, q, w, l, chat, t, ttl, hist, wake)
+  local hv = holder(h)
+  if hv then return hv end
+  local g = settle(h, q, w, l, chat, ttl, hist, wake, function(x) return x == t end)
+  if g then return {g[1], g[2], g[3], g[4]} end
+  return nil
+end
 local function touch(q, w, ttl)
   redis.call('PEXPIRE', q, 3 * ttl)
   redis.call('PEXPIRE', w, 3 * ttl)
