@@ -666,25 +666,9 @@ fn replay(o: &Options, redis: Option<&RedisSettings>) -> Result<Summary, String>
         .filter(|w| *w != u64::MAX)
         .collect();
     waits.sort_unstable();
-    let us = |q: f64| report::percentile(&waits, q).map(|ns| ns as f64 / 1000.0);
     let t = &run.tally;
     let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-    let wall_s = wall.as_secs_f64();
     Ok(Summary {
-        updates_path: shown_path(o),
-        backend: o.backend.clone(),
-        replicas: o.replicas,
-        workers: o.workers,
-        senders: o.senders,
-        seed: o.seed,
-        handler_ms: o.handler_ms,
-        handler_jitter_ms: o.handler_jitter_ms,
-        speed: o.speed,
-        turn_wait_ms: o.turn_wait.as_millis(),
-        updates: expected,
-        chats: trace.chats.len(),
-        skipped_lines: trace.skipped + trace.malformed,
-        handled: load(&t.handled),
         dropped: std::array::from_fn(|i| load(&t.dropped[i])),
         duplicates: load(&t.duplicates),
         failed: load(&t.failed),
@@ -693,16 +677,6 @@ fn replay(o: &Options, redis: Option<&RedisSettings>) -> Result<Summary, String>
         token_violations: load(&t.fence),
         ended_twice: load(&t.ended_twice),
         handovers,
-        wall_s,
-        // Handled messages only: drops end fast and would flatter the figure.
-        messages_per_s: if wall_s > 0.0 {
-            load(&t.handled) as f64 / wall_s
-        } else {
-            0.0
-        },
-        wait_p50_us: us(0.50),
-        wait_p99_us: us(0.99),
-        wait_max_us: us(1.0),
         notes,
         redis: redis.map(|r| RedisFacts {
             mode: "threads",
@@ -710,5 +684,6 @@ fn replay(o: &Options, redis: Option<&RedisSettings>) -> Result<Summary, String>
             lease_ttl_ms: r.lease_ttl.as_millis(),
             ..RedisFacts::default()
         }),
+        ..Summary::base(o, &trace, expected, wall, load(&t.handled), &waits)
     })
 }

@@ -42,7 +42,7 @@ use crate::args::{Options, REDIS_URL_ENV};
 use crate::backend::RedisSettings;
 use crate::data::Trace;
 use crate::protocol::{Ended, FromReplica, ToReplica};
-use crate::report::{self, Ending, LogMsg, LogWriter, REASONS, RedisFacts, Summary};
+use crate::report::{Ending, LogMsg, LogWriter, REASONS, RedisFacts, Summary};
 
 /// How long a replica process may take to connect and say `ready`.
 const READY_WITHIN: Duration = Duration::from_secs(30);
@@ -286,27 +286,11 @@ pub fn replay(o: &Options, settings: &RedisSettings) -> Result<Summary, String> 
 
     let (order, overlap, fence) = check(runs);
     waits.sort_unstable();
-    let us = |q: f64| report::percentile(&waits, q).map(|ns| ns as f64 / 1000.0);
-    let wall_s = wall.as_secs_f64();
     let redelivered_handled = updates
         .iter()
         .filter(|u| u.redelivered && u.handled)
         .count() as u64;
     Ok(Summary {
-        updates_path: crate::shown_path(o),
-        backend: o.backend.clone(),
-        replicas: o.replicas,
-        workers: o.workers,
-        senders: o.senders,
-        seed: o.seed,
-        handler_ms: o.handler_ms,
-        handler_jitter_ms: o.handler_jitter_ms,
-        speed: o.speed,
-        turn_wait_ms: o.turn_wait.as_millis(),
-        updates: total,
-        chats: trace.chats.len(),
-        skipped_lines: trace.skipped + trace.malformed,
-        handled: counts.handled,
         dropped: counts.dropped,
         duplicates: counts.duplicates,
         failed: counts.failed,
@@ -315,15 +299,6 @@ pub fn replay(o: &Options, settings: &RedisSettings) -> Result<Summary, String> 
         token_violations: fence,
         ended_twice: counts.ended_twice,
         handovers: replicas.iter().filter_map(|r| r.handovers).sum(),
-        wall_s,
-        messages_per_s: if wall_s > 0.0 {
-            counts.handled as f64 / wall_s
-        } else {
-            0.0
-        },
-        wait_p50_us: us(0.50),
-        wait_p99_us: us(0.99),
-        wait_max_us: us(1.0),
         notes: notes.join("; "),
         redis: Some(RedisFacts {
             mode: "processes",
@@ -336,6 +311,7 @@ pub fn replay(o: &Options, settings: &RedisSettings) -> Result<Summary, String> 
             redelivery_retries: counts.retries,
             redelivered_ended_twice: counts.redelivered_ended_twice,
         }),
+        ..Summary::base(o, &trace, total, wall, counts.handled, &waits)
     })
 }
 

@@ -228,7 +228,7 @@ fn write_log(
 pub const REASONS: [&str; 4] = ["timeout", "lost", "backend", "shutting_down"];
 
 /// Everything the summary and the JSON record say about one run.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Summary {
     /// The input as shown (relative to the crate for the bundled slice).
     pub updates_path: String,
@@ -288,6 +288,50 @@ pub struct Summary {
     pub notes: String,
     /// What only a Redis run has; `None` for the memory backend.
     pub redis: Option<RedisFacts>,
+}
+
+impl Summary {
+    /// The part every mode fills the same way: the settings, the input, the wall time,
+    /// the rate of handled messages and the wait percentiles (from sorted waits in
+    /// ns). The caller adds its counts with struct update syntax.
+    pub fn base(
+        o: &crate::args::Options,
+        trace: &Trace,
+        updates: usize,
+        wall: std::time::Duration,
+        handled: u64,
+        sorted_waits_ns: &[u64],
+    ) -> Summary {
+        let us = |q: f64| percentile(sorted_waits_ns, q).map(|ns| ns as f64 / 1000.0);
+        let wall_s = wall.as_secs_f64();
+        Summary {
+            updates_path: crate::shown_path(o),
+            backend: o.backend.clone(),
+            replicas: o.replicas,
+            workers: o.workers,
+            senders: o.senders,
+            seed: o.seed,
+            handler_ms: o.handler_ms,
+            handler_jitter_ms: o.handler_jitter_ms,
+            speed: o.speed,
+            turn_wait_ms: o.turn_wait.as_millis(),
+            updates,
+            chats: trace.chats.len(),
+            skipped_lines: trace.skipped + trace.malformed,
+            handled,
+            wall_s,
+            // Handled messages only: drops end fast and would flatter the figure.
+            messages_per_s: if wall_s > 0.0 {
+                handled as f64 / wall_s
+            } else {
+                0.0
+            },
+            wait_p50_us: us(0.50),
+            wait_p99_us: us(0.99),
+            wait_max_us: us(1.0),
+            ..Summary::default()
+        }
+    }
 }
 
 /// The Redis side of a run: its settings, and with `--processes` the redeliveries.
