@@ -19,6 +19,17 @@ use support::{Proxy, RedisServer};
 
 const RECV: Duration = Duration::from_secs(30);
 
+/// The fault tests run one at a time: several bound how long a recovery takes
+/// against the lease TTL, and a neighbour restarting its server or flooding the CPU
+/// of a 2-core machine must not eat into that bound.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn coordinator(url: &str, ttl: Duration) -> Arc<RedisCoordinator> {
     let options = RedisOptions::new(url)
         .with_lease_ttl(ttl)
@@ -31,6 +42,7 @@ fn coordinator(url: &str, ttl: Duration) -> Arc<RedisCoordinator> {
 /// ends, nothing hangs.
 #[test]
 fn redis_restart_mid_run() {
+    let _serial = serial();
     let mut server = RedisServer::start();
     let ttl = Duration::from_millis(600);
     let (started_tx, started_rx) = unbounded::<String>();
@@ -135,6 +147,7 @@ fn paused_holder_child() {
 /// the fencing token and reported `lost`, and the new holder keeps its turn.
 #[test]
 fn paused_holder_is_fenced_off() {
+    let _serial = serial();
     let server = RedisServer::start();
     let exe = std::env::current_exe().expect("test binary");
     let mut child = Command::new(exe)
@@ -198,6 +211,7 @@ fn paused_holder_is_fenced_off() {
 /// waiter still gets the turn (through the reconnected subscriber or the re-check).
 #[test]
 fn killed_subscriber_connection() {
+    let _serial = serial();
     let server = RedisServer::start();
     let ttl = Duration::from_millis(600);
     let a = Replica::start("a", coordinator(&server.url(), ttl)).expect("start");
@@ -244,6 +258,7 @@ fn llen(server: &RedisServer, key: &str) -> i64 {
 /// token, or claiming the message id twice.
 #[test]
 fn lost_reply_is_retried_idempotently() {
+    let _serial = serial();
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
     let c = coordinator(&proxy.url(), Duration::from_secs(10));
@@ -324,6 +339,7 @@ fn lost_reply_is_retried_idempotently() {
 /// replica's turns are reported lost.
 #[test]
 fn paused_redis_does_not_hang() {
+    let _serial = serial();
     let server = RedisServer::start();
     let c = coordinator(&server.url(), Duration::from_millis(300));
     let r = Replica::start("r", c).expect("start");
@@ -352,6 +368,7 @@ fn paused_redis_does_not_hang() {
 /// claim on the message id are cancelled by the renewal tick.
 #[test]
 fn refused_message_can_be_redelivered() {
+    let _serial = serial();
     let server = RedisServer::start();
     let (out_tx, out_rx) = unbounded();
     let bot = Bot::builder()
@@ -412,6 +429,7 @@ fn refused_message_can_be_redelivered() {
 /// command timeout, not one per turn.
 #[test]
 fn shutdown_with_paused_redis_is_bounded() {
+    let _serial = serial();
     let server = RedisServer::start();
     let r =
         Replica::start("r", coordinator(&server.url(), Duration::from_secs(10))).expect("start");
@@ -432,6 +450,7 @@ fn shutdown_with_paused_redis_is_bounded() {
 /// error that does not show it.
 #[test]
 fn acl_user_and_password() {
+    let _serial = serial();
     let server = RedisServer::start();
     let mut admin = server.connection();
     let _: () = redis::cmd("ACL")
