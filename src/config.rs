@@ -712,8 +712,9 @@ fn parse_choice<T: Choice>(s: &str) -> Result<T, String> {
         .map(|(name, _)| format!("; did you mean \"{name}\"?"))
         .unwrap_or_default();
     Err(format!(
-        "unknown {} {s:?} (expected {}){hint}",
+        "unknown {} {} (expected {}){hint}",
         T::WHAT,
+        shorten(format!("{s:?}")),
         T::EXPECTED
     ))
 }
@@ -850,7 +851,7 @@ impl<'de> Expect<'de> for DurationField<'_> {
     }
 
     fn str_value(self, v: &str) -> Result<Duration, String> {
-        let shown = format!("{v:?}");
+        let shown = shorten(format!("{v:?}"));
         let name = self.name;
         let d = match humantime::parse_duration(v.trim()) {
             Ok(d) => d,
@@ -953,7 +954,7 @@ trait Expect<'de>: Sized {
     }
 
     fn str_value(self, v: &str) -> Result<Self::Value, String> {
-        Err(self.wrong(&format!("{v:?}"), "is a string"))
+        Err(self.wrong(&shorten(format!("{v:?}")), "is a string"))
     }
 
     fn u64_value(self, v: u64) -> Result<Self::Value, String> {
@@ -1180,7 +1181,8 @@ impl<K: Copy + PartialEq> Keys<K> {
             .map(|(spelling, _)| format!("; did you mean \"{spelling}\"?"))
             .unwrap_or_default();
         format!(
-            "unknown key {key:?} in {context} (expected one of: {}){hint}",
+            "unknown key {} in {context} (expected one of: {}){hint}",
+            shorten(format!("{key:?}")),
             self.listed
         )
     }
@@ -1385,7 +1387,7 @@ impl<'de> Expect<'de> for CoordinatorField {
                 self.expected()
             ));
         }
-        Err(self.wrong(&format!("{v:?}"), "is a string"))
+        Err(self.wrong(&shorten(format!("{v:?}")), "is a string"))
     }
 
     fn map_value<A: MapAccess<'de>>(self, mut map: A) -> Result<CoordinatorConfig, A::Error> {
@@ -1415,8 +1417,9 @@ impl<'de> Expect<'de> for CoordinatorField {
             }
             other => {
                 return Err(de::Error::custom(format!(
-                    "coordinator: unknown backend {other:?} (expected {BACKENDS}; a \
-                     coordinator object made in code is passed as CoordinatorConfig::Shared)"
+                    "coordinator: unknown backend {} (expected {BACKENDS}; a \
+                     coordinator object made in code is passed as CoordinatorConfig::Shared)",
+                    shorten(format!("{other:?}"))
                 )));
             }
         };

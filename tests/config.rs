@@ -1168,3 +1168,23 @@ command_timeout_ms = 2000
         assert!(!err.to_string().contains("secret"), "{err}");
     }
 }
+
+/// A huge value or key is shortened in the error, not echoed whole.
+#[test]
+fn huge_values_are_shortened_in_errors() {
+    let big = "x".repeat(100_000);
+    for json in [
+        format!(r#"{{"coordinator": {{"memory": {{}}}}, "{big}": 1}}"#),
+        format!(r#"{{"coordinator": {{"memory": {{}}}}, "turnWaitMs": "{big}"}}"#),
+        format!(r#"{{"coordinator": {{"memory": {{}}}}, "providerSession": "{big}"}}"#),
+    ] {
+        let err = botmesh::CoordinationConfig::from_json_str(&json).expect_err("refused");
+        let text = err.to_string();
+        assert!(
+            text.len() < 1_000,
+            "{} bytes: {}…",
+            text.len(),
+            &text[..200]
+        );
+    }
+}
