@@ -276,7 +276,7 @@ pub struct Summary {
     pub handovers: u64,
     /// From the first delivery to the last update's end, seconds.
     pub wall_s: f64,
-    /// Updates that ended, per second of wall time.
+    /// Handled updates per second of wall time.
     pub messages_per_s: f64,
     /// Wait for the turn, exact percentiles over handled updates, µs.
     pub wait_p50_us: Option<f64>,
