@@ -260,4 +260,31 @@ pub trait Coordinator: Send + Sync + 'static {
         held: &[HeldLease<'_>],
         waiting: &[Waiting<'_>],
     ) -> Result<Renewal, BackendError>;
+
+    /// Stores the chat's conversation checkpoint (`Some(data)`) or deletes it
+    /// (`None`), fenced by `token`: the write is refused, and `Ok(false)` returned,
+    /// when `token` is older than the chat's latest grant or than the token of the
+    /// checkpoint already stored (fencing tokens: Kleppmann 2016). `Ok(true)` when the
+    /// write was applied. A stored checkpoint is kept for [`CHECKPOINT_TTL`] after its
+    /// last write, also while the chat is idle.
+    ///
+    /// # Errors
+    /// [`BackendError`] when the backend cannot be reached; the write may or may not
+    /// have been applied then.
+    fn write_checkpoint(
+        &self,
+        chat: &str,
+        token: Token,
+        data: Option<&str>,
+    ) -> Result<bool, BackendError>;
+
+    /// The chat's stored checkpoint and the token it was written with, if any.
+    ///
+    /// # Errors
+    /// [`BackendError`] when the backend cannot be reached.
+    fn read_checkpoint(&self, chat: &str) -> Result<Option<(Token, String)>, BackendError>;
 }
+
+/// How long a chat's checkpoint is kept after its last write: 7 days. A user who
+/// leaves a form for longer starts over.
+pub const CHECKPOINT_TTL: Duration = Duration::from_secs(7 * 24 * 3600);

@@ -25,8 +25,8 @@ type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState
 use parking_lot::{Mutex, RwLock};
 
 use crate::coordinator::{
-    BackendError, Coordinator, EnqueueRequest, Enqueued, Grant, GrantSink, HeldLease, Previous,
-    Released, Renewal, ReplicaId, Ticket, TicketState, Token, Waiting,
+    BackendError, CHECKPOINT_TTL, Coordinator, EnqueueRequest, Enqueued, Grant, GrantSink,
+    HeldLease, Previous, Released, Renewal, ReplicaId, Ticket, TicketState, Token, Waiting,
 };
 
 const SHARDS: usize = 32;
@@ -78,6 +78,17 @@ struct Shard {
     seen_order: VecDeque<(Instant, (String, String))>,
     /// Size of `chats` at which expired idle chats are swept next.
     sweep_at: usize,
+    /// Conversation checkpoints by chat; kept apart from `chats` because they outlive
+    /// an idle chat's history by far.
+    checkpoints: HashMap<String, Checkpoint>,
+    /// Size of `checkpoints` at which expired ones are swept next.
+    checkpoints_sweep_at: usize,
+}
+
+struct Checkpoint {
+    token: Token,
+    data: String,
+    expires: Instant,
 }
 
 struct ChatState {
@@ -310,6 +321,60 @@ fn grant_of(holder: &Holder) -> Grant {
 impl Coordinator for MemoryCoordinator {
     fn backend(&self) -> &'static str {
         "memory"
+    }
+
+    fn write_checkpoint(
+        &self,
+        chat: &str,
+        token: Token,
+        data: Option<&str>,
+    ) -> Result<bool, BackendError> {
+        let now = Instant::now();
+        let mut shard = self.shard(chat).lock();
+        let granted = shard.chats.get(chat).and_then(|c| match &c.holder {
+            Some(h) => Some(h.token),
+            None => c.previous.as_ref().map(|p| p.token),
+        });
+        let stored = shard
+            .checkpoints
+            .get(chat)
+            .filter(|c| c.expires >= now)
+            .map(|c| c.token);
+        if granted
+            .into_iter()
+            .chain(stored)
+            .any(|latest| token < latest)
+        {
+            return Ok(false);
+        }
+        match data {
+            Some(data) => {
+                let checkpoint = Checkpoint {
+                    token,
+                    data: data.to_owned(),
+                    expires: now + CHECKPOINT_TTL,
+                };
+                shard.checkpoints.insert(chat.to_owned(), checkpoint);
+                if shard.checkpoints.len() >= shard.checkpoints_sweep_at {
+                    shard.checkpoints.retain(|_, c| c.expires >= now);
+                    shard.checkpoints_sweep_at = (shard.checkpoints.len() * 2).max(1024);
+                }
+            }
+            None => {
+                shard.checkpoints.remove(chat);
+            }
+        }
+        Ok(true)
+    }
+
+    fn read_checkpoint(&self, chat: &str) -> Result<Option<(Token, String)>, BackendError> {
+        let now = Instant::now();
+        let shard = self.shard(chat).lock();
+        Ok(shard
+            .checkpoints
+            .get(chat)
+            .filter(|c| c.expires >= now)
+            .map(|c| (c.token, c.data.clone())))
     }
 
     fn lease_ttl(&self) -> Duration {

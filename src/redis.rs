@@ -65,8 +65,8 @@ use redis::{Client, Connection, ErrorKind, RedisError, Script, ServerErrorKind, 
 use serde::Deserialize;
 
 use crate::coordinator::{
-    BackendError, Coordinator, EnqueueRequest, Enqueued, Grant, GrantSink, HeldLease, Previous,
-    Released, Renewal, ReplicaId, Ticket, TicketState, Waiting,
+    BackendError, CHECKPOINT_TTL, Coordinator, EnqueueRequest, Enqueued, Grant, GrantSink,
+    HeldLease, Previous, Released, Renewal, ReplicaId, Ticket, TicketState, Token, Waiting,
 };
 
 const PRELUDE: &str = include_str!("redis_scripts.lua");
@@ -159,6 +159,29 @@ if m and redis.call('GET', m) == t then redis.call('DEL', m) end
 return {'cancelled'}
 "#;
 
+/// Writes or deletes a chat's checkpoint (KEYS l, c; ARGV token, ttl ms, data):
+/// refused (0) when the token is older than the chat's latest grant (`l`) or than
+/// the stored checkpoint's token. Stored as `token NUL data`.
+const WRITE_CHECKPOINT: &str = r#"
+local token = tonumber(ARGV[1])
+local last = redis.call('GET', KEYS[1])
+if last then
+  local k = tonumber(string.match(last, '^[^%z]*'))
+  if k and token < k then return 0 end
+end
+local cur = redis.call('GET', KEYS[2])
+if cur then
+  local k = tonumber(string.match(cur, '^[^%z]*'))
+  if k and token < k then return 0 end
+end
+if ARGV[3] then
+  redis.call('SET', KEYS[2], ARGV[1] .. '\0' .. ARGV[3], 'PX', ARGV[2])
+else
+  redis.call('DEL', KEYS[2])
+end
+return 1
+"#;
+
 /// How long the last holder of an idle chat is remembered (for [`Grant::previous`]).
 const HISTORY: Duration = Duration::from_secs(3600);
 /// Idle pooled connections kept at most.
@@ -236,6 +259,7 @@ struct Scripts {
     renew: Script,
     check: Script,
     cancel: Script,
+    write_checkpoint: Script,
 }
 
 impl Scripts {
@@ -247,16 +271,18 @@ impl Scripts {
             renew: Script::new(RENEW),
             check: with_prelude(CHECK),
             cancel: with_prelude(CANCEL),
+            write_checkpoint: Script::new(WRITE_CHECKPOINT),
         }
     }
 
-    fn all(&self) -> [&Script; 5] {
+    fn all(&self) -> [&Script; 6] {
         [
             &self.enqueue,
             &self.release,
             &self.renew,
             &self.check,
             &self.cancel,
+            &self.write_checkpoint,
         ]
     }
 }
@@ -695,6 +721,43 @@ impl Coordinator for RedisCoordinator {
             Some("queued") => Ok(Enqueued::Queued),
             Some("duplicate") => Ok(Enqueued::Duplicate),
             _ => Err(BackendError::new("unexpected enqueue reply from Redis")),
+        }
+    }
+
+    fn write_checkpoint(
+        &self,
+        chat: &str,
+        token: Token,
+        data: Option<&str>,
+    ) -> Result<bool, BackendError> {
+        let keys = ChatKeys::new(&self.options.key_prefix, chat);
+        let mut inv = self.scripts.write_checkpoint.prepare_invoke();
+        inv.key(keys.key("l"))
+            .key(keys.key("c"))
+            .arg(token)
+            .arg(u64::try_from(CHECKPOINT_TTL.as_millis()).unwrap_or(u64::MAX));
+        if let Some(data) = data {
+            inv.arg(data);
+        }
+        let applied: i64 = self.with_conn(|con| inv.invoke(con))?;
+        Ok(applied == 1)
+    }
+
+    fn read_checkpoint(&self, chat: &str) -> Result<Option<(Token, String)>, BackendError> {
+        let key = ChatKeys::new(&self.options.key_prefix, chat).key("c");
+        let value: Option<Vec<u8>> =
+            self.with_conn(|con| redis::cmd("GET").arg(&key).query(con))?;
+        let Some(value) = value else { return Ok(None) };
+        let parsed = value.iter().position(|&b| b == 0).and_then(|i| {
+            let token = std::str::from_utf8(&value[..i]).ok()?.parse().ok()?;
+            let data = String::from_utf8(value[i + 1..].to_vec()).ok()?;
+            Some((token, data))
+        });
+        match parsed {
+            Some(p) => Ok(Some(p)),
+            None => Err(BackendError::new(format!(
+                "the checkpoint of chat {chat:?} in Redis is not in botmesh's format"
+            ))),
         }
     }
 

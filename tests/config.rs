@@ -222,6 +222,12 @@ impl Coordinator for NamedBackend {
     ) -> Result<botmesh::coordinator::Renewal, BackendError> {
         Err(BackendError::new("not used"))
     }
+    fn write_checkpoint(&self, _: &str, _: u64, _: Option<&str>) -> Result<bool, BackendError> {
+        Err(BackendError::new("not used"))
+    }
+    fn read_checkpoint(&self, _: &str) -> Result<Option<(u64, String)>, BackendError> {
+        Err(BackendError::new("not used"))
+    }
 }
 
 #[test]

@@ -541,6 +541,25 @@ impl Coordinator for Faulty {
         }
         self.inner.renew(r, l, w)
     }
+    fn write_checkpoint(
+        &self,
+        chat: &str,
+        token: botmesh::Token,
+        data: Option<&str>,
+    ) -> Result<bool, botmesh::coordinator::BackendError> {
+        if self.cut.load(Ordering::SeqCst) {
+            return Err(botmesh::coordinator::BackendError::new(
+                "partitioned (test)",
+            ));
+        }
+        self.inner.write_checkpoint(chat, token, data)
+    }
+    fn read_checkpoint(
+        &self,
+        chat: &str,
+    ) -> Result<Option<(botmesh::Token, String)>, botmesh::coordinator::BackendError> {
+        self.inner.read_checkpoint(chat)
+    }
 }
 
 /// The same message id reaching two replicas a few ms apart is handled once; the
@@ -773,6 +792,60 @@ pub fn waiting_holds_no_worker<H: Harness>() {
     assert_eq!(rec.texts("stuck"), expected);
 }
 
+/// Checkpoint writes are fenced: once B was granted the chat after A, A's writes
+/// (and deletes) with its older token are refused, B's are applied, and a reader sees
+/// B's data with B's token.
+pub fn checkpoint_fencing<H: Harness>() {
+    let h = H::start(LONG);
+    let c = h.coordinator();
+    let a = Replica::start("ckpt-a", c.clone()).expect("a");
+    let b = Replica::start("ckpt-b", c.clone()).expect("b");
+    let chat = "ckpt {chat}\n";
+    assert_eq!(c.read_checkpoint(chat).expect("read"), None);
+    let ta = a.acquire(chat, LONG).expect("a turn");
+    let old = ta.fencing_token();
+    assert!(
+        c.write_checkpoint(chat, old, Some("from a"))
+            .expect("write a")
+    );
+    ta.release().expect("release a");
+    let tb = b.acquire(chat, LONG).expect("b turn");
+    let new = tb.fencing_token();
+    assert!(new > old);
+    // B has not written yet: A's stale write is refused by the grant's token alone.
+    assert!(
+        !c.write_checkpoint(chat, old, Some("stale a"))
+            .expect("stale write")
+    );
+    assert_eq!(
+        c.read_checkpoint(chat).expect("read"),
+        Some((old, "from a".to_owned()))
+    );
+    assert!(
+        c.write_checkpoint(chat, new, Some("from b"))
+            .expect("write b")
+    );
+    assert!(!c.write_checkpoint(chat, old, None).expect("stale delete"));
+    tb.release().expect("release b");
+    // Still refused once the chat is idle: the last grant is remembered.
+    assert!(
+        !c.write_checkpoint(chat, old, Some("late a"))
+            .expect("late write")
+    );
+    assert_eq!(
+        c.read_checkpoint(chat).expect("read"),
+        Some((new, "from b".to_owned()))
+    );
+    // Large and binary-looking data round-trips.
+    let big = "x\u{0}y{}".repeat(10_000);
+    assert!(c.write_checkpoint(chat, new, Some(&big)).expect("big"));
+    assert_eq!(c.read_checkpoint(chat).expect("read"), Some((new, big)));
+    assert!(c.write_checkpoint(chat, new, None).expect("delete"));
+    assert_eq!(c.read_checkpoint(chat).expect("read"), None);
+    a.shutdown();
+    b.shutdown();
+}
+
 /// Runs the whole suite for a harness type.
 macro_rules! suite {
     ($h:ty) => {
@@ -845,6 +918,11 @@ macro_rules! suite {
         fn tokens_rise_after_idle() {
             let _serial = conformance::serial();
             conformance::tokens_rise_after_idle::<$h>();
+        }
+        #[test]
+        fn checkpoint_fencing() {
+            let _serial = conformance::serial();
+            conformance::checkpoint_fencing::<$h>();
         }
         #[test]
         fn waiting_holds_no_worker() {
