@@ -112,6 +112,14 @@ pub enum Error {
         /// What the handler returned, or the panic message.
         message: String,
     },
+    /// A conversation step failed (an action returned an error or panicked, a capture
+    /// panicked, a `goto` named no flow); the conversation ended.
+    Flow {
+        /// The chat id.
+        chat: String,
+        /// What failed, naming the flow and step.
+        message: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -129,6 +137,9 @@ impl fmt::Display for Error {
                 ),
                 None => write!(f, "handler failed on a message of chat {chat:?}: {message}"),
             },
+            Error::Flow { chat, message } => {
+                write!(f, "conversation of chat {chat:?} ended: {message}")
+            }
         }
     }
 }
@@ -137,7 +148,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Coordination(e) => Some(e),
-            Error::Handler { .. } => None,
+            Error::Handler { .. } | Error::Flow { .. } => None,
         }
     }
 }

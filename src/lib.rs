@@ -58,8 +58,10 @@
 #![deny(clippy::unwrap_used)]
 
 pub mod config;
+mod conversation;
 pub mod coordinator;
 mod error;
+pub mod flow;
 pub mod lease;
 pub mod memory;
 mod message;
@@ -77,6 +79,7 @@ pub use config::{
 };
 pub use coordinator::{BackendError, Coordinator, Grant, Previous, ReplicaId, Ticket, Token};
 pub use error::{CoordinationUnavailableError, Error, HandlerError, Reason};
+pub use flow::{Answer, Cancelled, Capture, Flow, State, StepContext};
 pub use memory::MemoryCoordinator;
 pub use message::{Message, Outcome};
 pub use metrics::{MetricsSnapshot, WAIT_BUCKETS};

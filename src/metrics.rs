@@ -25,6 +25,11 @@ pub(crate) struct Metrics {
     pub(crate) leadership_changes: AtomicU64,
     pub(crate) held: AtomicU64,
     pub(crate) waiting: AtomicU64,
+    pub(crate) conversations_resumed: AtomicU64,
+    pub(crate) conversations_dropped: AtomicU64,
+    pub(crate) conversations_restarted: AtomicU64,
+    pub(crate) conversations_stale: AtomicU64,
+    pub(crate) steps_stopped: AtomicU64,
     wait_hist: [AtomicU64; WAIT_BUCKETS],
 }
 
@@ -60,6 +65,11 @@ impl Metrics {
             leadership_changes: get(&self.leadership_changes),
             turns_held: get(&self.held),
             tickets_waiting: get(&self.waiting),
+            conversations_resumed: get(&self.conversations_resumed),
+            conversations_dropped: get(&self.conversations_dropped),
+            conversations_restarted: get(&self.conversations_restarted),
+            conversations_stale: get(&self.conversations_stale),
+            steps_stopped: get(&self.steps_stopped),
             wait_histogram: std::array::from_fn(|i| get(&self.wait_hist[i])),
         }
     }
@@ -96,6 +106,19 @@ pub struct MetricsSnapshot {
     pub turns_held: u64,
     /// Gauge: tickets queued and waiting right now.
     pub tickets_waiting: u64,
+    /// Conversations resumed from a checkpoint another turn wrote (a handover).
+    pub conversations_resumed: u64,
+    /// Conversations ended by a handover: a checkpoint that could not be resumed under
+    /// `fallback: drop`, or a stale non-checkpointed conversation.
+    pub conversations_dropped: u64,
+    /// Checkpoints that could not be resumed and restarted their flow
+    /// (`fallback: restart`).
+    pub conversations_restarted: u64,
+    /// In-memory conversations found stale (another turn ran on the chat since) and
+    /// not continued.
+    pub conversations_stale: u64,
+    /// Steps stopped because `settle` ran out.
+    pub steps_stopped: u64,
     /// Wait for the turn, intake to grant: bucket `i` counts waits under `2^i` µs.
     pub wait_histogram: [u64; WAIT_BUCKETS],
 }

@@ -24,7 +24,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::coordinator::{
     BackendError, Coordinator, EnqueueRequest, Enqueued, Grant, GrantSink, Released, ReplicaId,
-    Ticket, TicketState, Waiting,
+    Ticket, TicketState, Token, Waiting,
 };
 use crate::error::{CoordinationUnavailableError, Reason};
 use crate::metrics::{Metrics, MetricsSnapshot, dec, inc};
@@ -397,6 +397,28 @@ impl Inner {
             dec(&self.metrics.waiting);
         }
         w
+    }
+
+    /// The chat's checkpoint (see [`Coordinator::read_checkpoint`]).
+    pub(crate) fn read_checkpoint(
+        &self,
+        chat: &str,
+    ) -> Result<Option<(Token, String)>, BackendError> {
+        self.coordinator
+            .read_checkpoint(chat)
+            .inspect_err(|_| inc(&self.metrics.backend_errors))
+    }
+
+    /// Writes the chat's checkpoint, fenced (see [`Coordinator::write_checkpoint`]).
+    pub(crate) fn write_checkpoint(
+        &self,
+        chat: &str,
+        token: Token,
+        data: Option<&str>,
+    ) -> Result<bool, BackendError> {
+        self.coordinator
+            .write_checkpoint(chat, token, data)
+            .inspect_err(|_| inc(&self.metrics.backend_errors))
     }
 
     pub(crate) fn is_aborted(&self) -> bool {

@@ -16,18 +16,24 @@
 //! Every accepted message ends exactly once, as an [`Outcome`]: handled, failed,
 //! dropped (reported through the error hook and the log), or a duplicate.
 
-use std::collections::VecDeque;
+use std::cell::RefCell;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
 use crate::config::{ConfigError, CoordinationConfig};
-use crate::coordinator::BackendError;
+use crate::conversation::{
+    At, CheckpointStore, Flows, Live, Route, Run, RunSlot, StepsEnd, now_ms,
+};
+use crate::coordinator::{BackendError, Token};
 use crate::error::{CoordinationUnavailableError, Error, HandlerError, Reason};
+use crate::flow::{Flow, State};
 use crate::memory::MemoryCoordinator;
 use crate::message::{Message, Outcome};
 use crate::metrics::{Metrics, MetricsSnapshot, inc};
@@ -50,6 +56,7 @@ pub struct Context<'a> {
     message: &'a Message,
     turn: &'a Turn,
     provider: Option<&'a Arc<dyn Provider>>,
+    start: RefCell<Option<String>>,
 }
 
 impl std::fmt::Debug for Context<'_> {
@@ -88,6 +95,16 @@ impl Context<'_> {
             Some(p) => p.send(&self.message.chat, text),
             None => Err(ProviderError("the bot has no provider to send with".into())),
         }
+    }
+
+    /// Starts the flow named `name` for this chat once the handler returns (replacing
+    /// any conversation the chat had); its steps run under this message's turn, up to
+    /// their first wait, bounded by `settle`. The last call wins.
+    ///
+    /// An unknown name is reported through the error hook (the handler's message
+    /// still counts as handled).
+    pub fn start_flow(&self, name: &str) {
+        *self.start.borrow_mut() = Some(name.to_owned());
     }
 }
 
@@ -152,6 +169,7 @@ pub struct BotBuilder {
     on_error: Option<ErrorHook>,
     on_outcome: Option<OutcomeHook>,
     providers: Vec<Arc<dyn Provider>>,
+    flows: Vec<Flow>,
 }
 
 impl std::fmt::Debug for BotBuilder {
@@ -187,7 +205,8 @@ impl BotBuilder {
         self
     }
 
-    /// The message handler (required).
+    /// The message handler: it gets every message that no conversation and no flow
+    /// trigger took. Required unless the bot has flows.
     pub fn handler<F>(mut self, handler: F) -> Self
     where
         F: Fn(&Context<'_>) -> Result<(), HandlerError> + Send + Sync + 'static,
@@ -214,6 +233,13 @@ impl BotBuilder {
         self
     }
 
+    /// Registers a conversation flow (see [`Flow`]). Names must be unique; a `goto`
+    /// must name a registered flow (both checked by `build`).
+    pub fn flow(mut self, flow: Flow) -> Self {
+        self.flows.push(flow);
+        self
+    }
+
     /// Adds a provider; it is started by `build` and stopped by `shutdown`.
     pub fn provider(mut self, provider: Arc<dyn Provider>) -> Self {
         self.providers.push(provider);
@@ -224,17 +250,18 @@ impl BotBuilder {
     /// the providers.
     ///
     /// # Errors
-    /// [`StartError::Config`] for a missing handler, zero workers or an invalid
-    /// coordination config; [`StartError::Backend`] when the coordinator cannot be
+    /// [`StartError::Config`] for a missing handler (without flows), zero workers, an
+    /// invalid coordination config, or flows with a duplicate name or a `goto` to no
+    /// flow; [`StartError::Backend`] when the coordinator cannot be
     /// reached; [`StartError::Provider`] when a provider fails to start (the bot is
     /// stopped again then).
     pub fn build(self) -> Result<Bot, StartError> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        let handler = self.handler.ok_or_else(|| {
-            StartError::Config(ConfigError::new(
-                "handler: missing; set one with .handler(…)",
-            ))
-        })?;
+        if self.handler.is_none() && self.flows.is_empty() {
+            return Err(StartError::Config(ConfigError::new(
+                "handler: missing; set one with .handler(…) or register flows with .flow(…)",
+            )));
+        }
         if self.workers == 0 {
             return Err(StartError::Config(ConfigError::new(
                 "workers: 0 is not allowed; use at least 1",
@@ -253,25 +280,40 @@ impl BotBuilder {
             )));
         }
         let metrics = Arc::new(Metrics::default());
-        let (replica, turn_wait) = match &self.coordination {
+        let (replica, turn_wait, settle, handover) = match &self.coordination {
             Some(config) => {
                 config.validate().map_err(StartError::Config)?;
                 let coordinator = config.coordinator.build().map_err(StartError::Backend)?;
                 let replica = Replica::start_with(id, coordinator, metrics.clone(), true)
                     .map_err(StartError::Backend)?;
-                (replica, config.turn_wait)
+                (replica, config.turn_wait, config.settle, config.handover)
             }
             None => {
                 let local = Arc::new(MemoryCoordinator::local());
                 let replica = Replica::start_with(id, local, metrics.clone(), false)
                     .map_err(StartError::Backend)?;
-                (replica, Duration::MAX)
+                (
+                    replica,
+                    Duration::MAX,
+                    CoordinationConfig::DEFAULT_SETTLE,
+                    Default::default(),
+                )
             }
+        };
+        let flows = if self.flows.is_empty() {
+            None
+        } else {
+            let coordinated = self.coordination.is_some();
+            Some(
+                Flows::new(self.flows, handover, settle, coordinated)
+                    .map_err(|e| StartError::Config(ConfigError::new(e)))?,
+            )
         };
         let shared = Arc::new(Shared {
             replica: replica.inner.clone(),
             turn_wait,
-            handler,
+            handler: self.handler,
+            flows,
             on_error: self.on_error,
             on_outcome: self.on_outcome,
             provider: self.providers.first().cloned(),
@@ -279,25 +321,26 @@ impl BotBuilder {
             sched: Mutex::new(Sched::default()),
             work_cv: Condvar::new(),
             idle_cv: Condvar::new(),
+            workers: Mutex::new(HashMap::new()),
+            next_worker: AtomicUsize::new(0),
+            timer: Mutex::new(Timer::default()),
+            timer_cv: Condvar::new(),
         });
-        let mut workers = Vec::with_capacity(self.workers);
-        for i in 0..self.workers {
+        let mut bot = Bot::assemble(shared.clone(), replica, Vec::new());
+        let mut spawned = (0..self.workers).try_for_each(|_| shared.spawn_worker());
+        if spawned.is_ok() && shared.flows.is_some() {
             let s = shared.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("botmesh-worker-{}-{i}", shared.replica.id))
-                .spawn(move || s.worker_loop());
-            match spawned {
-                Ok(t) => workers.push(t),
-                Err(e) => {
-                    let mut bot = Bot::assemble(shared, workers, replica, Vec::new());
-                    bot.stop_workers();
-                    return Err(StartError::Backend(BackendError::new(format!(
-                        "cannot spawn a worker thread: {e}"
-                    ))));
-                }
-            }
+            spawned = std::thread::Builder::new()
+                .name(format!("botmesh-flows-{}", shared.replica.id))
+                .spawn(move || s.timer_loop())
+                .map(|t| bot.timer = Some(t));
         }
-        let mut bot = Bot::assemble(shared, workers, replica, Vec::new());
+        if let Err(e) = spawned {
+            bot.stop_workers();
+            return Err(StartError::Backend(BackendError::new(format!(
+                "cannot spawn a thread: {e}"
+            ))));
+        }
         for p in self.providers {
             if let Err(e) = p.start(bot.intake()) {
                 bot.stop_providers();
@@ -317,7 +360,7 @@ impl BotBuilder {
 /// stop it with [`Bot::shutdown`]. See the [`BotBuilder`] example.
 pub struct Bot {
     shared: Arc<Shared>,
-    workers: Vec<JoinHandle<()>>,
+    timer: Option<JoinHandle<()>>,
     replica: Option<Replica>,
     providers: Vec<Arc<dyn Provider>>,
 }
@@ -326,7 +369,7 @@ impl std::fmt::Debug for Bot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Bot")
             .field("id", &self.shared.replica.id)
-            .field("workers", &self.workers.len())
+            .field("workers", &self.shared.workers.lock().len())
             .finish_non_exhaustive()
     }
 }
@@ -376,18 +419,14 @@ impl Bot {
             on_error: None,
             on_outcome: None,
             providers: Vec::new(),
+            flows: Vec::new(),
         }
     }
 
-    fn assemble(
-        shared: Arc<Shared>,
-        workers: Vec<JoinHandle<()>>,
-        replica: Replica,
-        providers: Vec<Arc<dyn Provider>>,
-    ) -> Bot {
+    fn assemble(shared: Arc<Shared>, replica: Replica, providers: Vec<Arc<dyn Provider>>) -> Bot {
         Bot {
             shared,
-            workers,
+            timer: None,
             replica: Some(replica),
             providers,
         }
@@ -445,7 +484,19 @@ impl Bot {
         self.shared.work_cv.notify_all();
         // Not joined: a worker stuck in a handler would block the "crash". Each one
         // exits when its handler returns.
-        self.workers.clear();
+        self.shared.workers.lock().clear();
+        self.stop_timer(false);
+    }
+
+    fn stop_timer(&mut self, join: bool) {
+        self.shared.timer.lock().stopped = true;
+        self.shared.timer_cv.notify_all();
+        if let Some(t) = self.timer.take()
+            && join
+            && t.join().is_err()
+        {
+            log::error!(target: "botmesh::runtime", "the flows timer thread panicked");
+        }
     }
 
     fn drain(&mut self, grace: Option<Duration>) {
@@ -476,6 +527,7 @@ impl Bot {
                 self.shared.idle_cv.wait(&mut s);
             }
         }
+        self.stop_timer(true);
         self.stop_workers();
         if let Some(r) = self.replica.take() {
             r.shutdown();
@@ -491,7 +543,9 @@ impl Bot {
     fn stop_workers(&mut self) {
         self.shared.sched.lock().stopping = true;
         self.shared.work_cv.notify_all();
-        for w in self.workers.drain(..) {
+        let workers: Vec<JoinHandle<()>> =
+            self.shared.workers.lock().drain().map(|(_, w)| w).collect();
+        for w in workers {
             if w.join().is_err() {
                 log::error!(target: "botmesh::runtime", "a worker thread panicked");
             }
@@ -507,18 +561,83 @@ impl Drop for Bot {
     }
 }
 
+/// Work for a worker, under a turn.
+enum Job {
+    /// A message taken in.
+    Message(Arc<Message>),
+    /// A conversation's delay ran out (wall clock, ms): run its next steps.
+    Wake(Arc<str>, u64),
+}
+
 #[derive(Default)]
 struct Sched {
-    ready: VecDeque<(Arc<Message>, Turn)>,
+    ready: VecDeque<(Job, Turn)>,
     in_flight: usize,
     closed: bool,
     stopping: bool,
 }
 
+/// The flows timer's queue: settle deadlines and delay wake-ups.
+#[derive(Default)]
+struct Timer {
+    heap: BinaryHeap<Reverse<TimerEntry>>,
+    seq: u64,
+    stopped: bool,
+}
+
+struct TimerEntry {
+    at: Instant,
+    seq: u64,
+    job: TimerJob,
+}
+
+enum TimerJob {
+    /// Stop the run if it is still going (its `settle` ran out).
+    Cut {
+        slot: Weak<RunSlot>,
+        chat: Arc<str>,
+        token: Token,
+        worker: usize,
+        waited: Duration,
+    },
+    /// Queue a wake-up of the chat's delayed conversation for its turn.
+    Wake(Arc<str>, u64),
+}
+
+impl PartialEq for TimerEntry {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for TimerEntry {}
+impl PartialOrd for TimerEntry {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for TimerEntry {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
+/// Checkpoints go through the replica, which maps chat ids to coordinator keys.
+struct ReplicaStore<'a>(&'a Inner);
+
+impl CheckpointStore for ReplicaStore<'_> {
+    fn read(&self, chat: &str) -> Result<Option<(Token, String)>, BackendError> {
+        self.0.read_checkpoint(chat)
+    }
+    fn write(&self, chat: &str, token: Token, data: Option<&str>) -> Result<bool, BackendError> {
+        self.0.write_checkpoint(chat, token, data)
+    }
+}
+
 struct Shared {
     replica: Arc<Inner>,
     turn_wait: Duration,
-    handler: Handler,
+    handler: Option<Handler>,
+    flows: Option<Flows>,
     on_error: Option<ErrorHook>,
     on_outcome: Option<OutcomeHook>,
     provider: Option<Arc<dyn Provider>>,
@@ -526,9 +645,28 @@ struct Shared {
     sched: Mutex<Sched>,
     work_cv: Condvar,
     idle_cv: Condvar,
+    /// Live worker threads by number. A worker stuck in a stopped step is removed
+    /// (detached) and replaced, so the pool keeps its size.
+    workers: Mutex<HashMap<usize, JoinHandle<()>>>,
+    next_worker: AtomicUsize,
+    timer: Mutex<Timer>,
+    timer_cv: Condvar,
 }
 
 impl Shared {
+    fn spawn_worker(self: &Arc<Self>) -> std::io::Result<()> {
+        let n = self.next_worker.fetch_add(1, Ordering::Relaxed);
+        let s = self.clone();
+        // The map is locked across the spawn so the thread cannot retire before its
+        // handle is in the map.
+        let mut workers = self.workers.lock();
+        let t = std::thread::Builder::new()
+            .name(format!("botmesh-worker-{}-{n}", self.replica.id))
+            .spawn(move || s.worker_loop(n))?;
+        workers.insert(n, t);
+        Ok(())
+    }
+
     fn deliver(
         self: &Arc<Self>,
         message: Message,
@@ -551,7 +689,7 @@ impl Shared {
         let on_grant: OnGrant = Box::new(move |result| match result {
             Ok(turn) => {
                 let mut s = me.sched.lock();
-                s.ready.push_back((m, turn));
+                s.ready.push_back((Job::Message(m), turn));
                 drop(s);
                 me.work_cv.notify_one();
             }
@@ -571,9 +709,9 @@ impl Shared {
         result
     }
 
-    fn worker_loop(self: Arc<Self>) {
+    fn worker_loop(self: Arc<Self>, n: usize) {
         loop {
-            let (message, turn) = {
+            let (job, turn) = {
                 let mut s = self.sched.lock();
                 loop {
                     if let Some(job) = s.ready.pop_front() {
@@ -585,7 +723,19 @@ impl Shared {
                     self.work_cv.wait(&mut s);
                 }
             };
-            self.run(&message, turn);
+            let keep = match (&self.flows, job) {
+                (Some(flows), job) => self.run_flows(flows, job, turn, n),
+                (None, Job::Message(m)) => {
+                    self.run(&m, turn);
+                    true
+                }
+                (None, Job::Wake(..)) => true,
+            };
+            if !keep {
+                // This worker's step was stopped by `settle` and a replacement was
+                // started: leave the pool.
+                return;
+            }
         }
     }
 
@@ -599,17 +749,7 @@ impl Shared {
             drop(turn);
             return self.end(message, Outcome::Dropped(e));
         }
-        let ctx = Context {
-            message,
-            turn: &turn,
-            provider: self.provider.as_ref(),
-        };
-        let result = catch_unwind(AssertUnwindSafe(|| (self.handler)(&ctx)));
-        let failure = match result {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(panic) => Some(panic_text(&panic)),
-        };
+        let (failure, _) = self.call_handler(message, &turn);
         let token = turn.fencing_token();
         let waited = turn.waited();
         if self.replica.is_aborted() {
@@ -658,6 +798,361 @@ impl Shared {
         self.finish();
     }
 
+    /// Runs the handler (if any) on `message`; returns its failure text and the flow
+    /// it asked to start.
+    fn call_handler(&self, message: &Message, turn: &Turn) -> (Option<String>, Option<String>) {
+        let Some(handler) = &self.handler else {
+            return (None, None);
+        };
+        let ctx = Context {
+            message,
+            turn,
+            provider: self.provider.as_ref(),
+            start: RefCell::new(None),
+        };
+        let result = catch_unwind(AssertUnwindSafe(|| handler(&ctx)));
+        let failure = match result {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(panic) => Some(panic_text("handler", &panic)),
+        };
+        (failure, ctx.start.into_inner())
+    }
+
+    /// Sends `text` to `chat` through the bot's provider.
+    fn send(&self, chat: &str, text: &str) -> Result<(), ProviderError> {
+        match &self.provider {
+            Some(p) => p.send(chat, text),
+            None => Err(ProviderError("the bot has no provider to send with".into())),
+        }
+    }
+
+    /// Runs a job of a bot with flows: the message feeds the chat's conversation (or a
+    /// flow trigger, or the handler), then the conversation's steps run under the turn
+    /// up to their next wait, bounded by `settle`. Returns `false` when `settle` cut
+    /// the run: this worker was replaced and must leave.
+    fn run_flows(self: &Arc<Self>, flows: &Flows, job: Job, turn: Turn, worker: usize) -> bool {
+        let (chat, message, wake): (Arc<str>, Option<Arc<Message>>, Option<u64>) = match job {
+            Job::Message(m) => (Arc::from(m.chat.as_str()), Some(m), None),
+            Job::Wake(chat, at) => (chat, None, Some(at)),
+        };
+        let token = turn.fencing_token();
+        let waited = turn.waited();
+        let lost = |turn: Turn| {
+            drop(turn);
+            CoordinationUnavailableError::new(
+                Reason::Lost,
+                &chat,
+                message.as_ref().and_then(|m| m.id.as_deref()),
+            )
+        };
+        if turn.is_lost() {
+            let e = lost(turn);
+            self.end_job(message.as_deref(), Outcome::Dropped(e));
+            return true;
+        }
+        let store = ReplicaStore(&self.replica);
+        let mut live = match flows.take(&chat, &turn, &store, &self.metrics) {
+            Ok(live) => live,
+            Err(e) => {
+                // Without its conversation the message would be misread (an answer
+                // taken for a new request): it is not handled, and says why.
+                drop(turn);
+                let id = message.as_ref().and_then(|m| m.id.as_deref());
+                let e =
+                    CoordinationUnavailableError::new(Reason::Backend, &chat, id).with_source(e);
+                self.end_job(message.as_deref(), Outcome::Dropped(e));
+                return true;
+            }
+        };
+        let mut failure: Option<String> = None;
+        let mut flow_error: Option<String> = None;
+        match (&message, wake) {
+            (Some(m), _) => match flows.route(&live, &m.text) {
+                Route::Capture => match flows.capture(&mut live, m) {
+                    Ok(Some(retry)) => {
+                        if let Err(e) = self.send(&chat, &retry) {
+                            log::warn!(target: "botmesh::conversation", "chat {chat:?}: send failed: {e}");
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => flow_error = Some(e),
+                },
+                Route::Resume => {
+                    if let Some(c) = live.conversation.as_mut() {
+                        c.at = At::Run;
+                    }
+                }
+                Route::Start(i) => live.conversation = Some(flows.start(i, State::new())),
+                Route::Handler => {
+                    let (failed, start) = self.call_handler(m, &turn);
+                    failure = failed;
+                    if let Some(name) = start {
+                        match flows.index_of(&name) {
+                            Some(i) => live.conversation = Some(flows.start(i, State::new())),
+                            None => {
+                                flow_error = Some(format!("start_flow({name:?}): no such flow"))
+                            }
+                        }
+                    }
+                }
+            },
+            (None, Some(at)) => {
+                if let Some(c) = live.conversation.as_mut()
+                    && c.at == (At::Delay { wake_at_ms: at })
+                {
+                    c.at = At::Run;
+                }
+            }
+            (None, None) => {}
+        }
+        // The steps the message fed run under the turn, for at most `settle`.
+        let slot = Arc::new(RunSlot::default());
+        {
+            let mut g = slot.inner.lock();
+            g.turn = Some(turn);
+            g.message = message.clone();
+            g.stored = live.stored;
+        }
+        self.timer_add(
+            Instant::now() + flows.settle.min(CoordinationConfig::MAX_DURATION),
+            TimerJob::Cut {
+                slot: Arc::downgrade(&slot),
+                chat: chat.clone(),
+                token,
+                worker,
+                waited,
+            },
+        );
+        let outbox = |text: &str| -> Result<(), ProviderError> {
+            let held = slot
+                .inner
+                .lock()
+                .turn
+                .as_ref()
+                .is_some_and(|t| !t.is_lost());
+            if !held || slot.control.is_cancelled() {
+                return Err(ProviderError(format!(
+                    "send refused: the turn on chat {chat:?} was lost or the step was stopped"
+                )));
+            }
+            self.send(&chat, text)
+        };
+        let schedule_wake = |at: u64| {
+            let now = now_ms();
+            let delay = Duration::from_millis(at.saturating_sub(now));
+            self.timer_add(
+                Instant::now() + delay.min(CoordinationConfig::MAX_DURATION),
+                TimerJob::Wake(chat.clone(), at),
+            );
+        };
+        let run = Run {
+            token,
+            slot: &slot,
+            store: &store,
+            outbox: &outbox,
+            schedule_wake: &schedule_wake,
+        };
+        let end = flows.run_steps(&chat, &mut live, &run);
+        let turn = {
+            let mut g = slot.inner.lock();
+            if g.cut {
+                return false;
+            }
+            g.done = true;
+            g.turn.take()
+        };
+        let Some(turn) = turn else { return true };
+        match end {
+            StepsEnd::Cut => return false,
+            StepsEnd::Stale => {
+                log::warn!(target: "botmesh::conversation", "chat {chat:?}: a newer turn exists; this conversation copy is dropped");
+            }
+            StepsEnd::Failed(e) => {
+                flow_error = Some(e);
+                flows.put(&chat, token, live);
+            }
+            StepsEnd::Done if turn.is_lost() => {}
+            StepsEnd::Done => flows.put(&chat, token, live),
+        }
+        if let Some(text) = flow_error {
+            let e = Error::Flow {
+                chat: chat.to_string(),
+                message: text,
+            };
+            log::error!(target: "botmesh::conversation", "{e}");
+            self.call_error_hook(&e);
+        }
+        self.finish_turn(message.as_deref(), turn, failure, waited);
+        true
+    }
+
+    /// Releases a turn whose job ran, and ends the job with how it went.
+    fn finish_turn(
+        &self,
+        message: Option<&Message>,
+        turn: Turn,
+        failure: Option<String>,
+        waited: Duration,
+    ) {
+        let token = turn.fencing_token();
+        if self.replica.is_aborted() {
+            drop(turn);
+            return self.finish();
+        }
+        let released = turn.release_handled();
+        let outcome = match (released, failure) {
+            (Err(e), _) => Outcome::Dropped(e),
+            (Ok(()), Some(text)) => Outcome::Failed(text),
+            (Ok(()), None) => Outcome::Handled { token, waited },
+        };
+        self.end_job(message, outcome);
+    }
+
+    /// Ends a job: a message with its outcome; a wake-up just leaves the count.
+    fn end_job(&self, message: Option<&Message>, outcome: Outcome) {
+        match message {
+            Some(m) => self.end(m, outcome),
+            None => {
+                if let Outcome::Dropped(e) = &outcome {
+                    log::warn!(target: "botmesh::conversation", "delayed step not run now: {e}");
+                }
+                self.finish();
+            }
+        }
+    }
+
+    /// `settle` ran out on a run still going: stop its step, put the conversation
+    /// back at that step, release the turn, end the message, replace the worker.
+    fn cut(
+        self: &Arc<Self>,
+        slot: &RunSlot,
+        chat: &str,
+        token: Token,
+        worker: usize,
+        waited: Duration,
+    ) {
+        let (turn, message, snapshot, stored) = {
+            let mut g = slot.inner.lock();
+            if g.done || g.cut {
+                return;
+            }
+            g.cut = true;
+            slot.control.cancel();
+            (g.turn.take(), g.message.take(), g.snapshot.take(), g.stored)
+        };
+        inc(&self.metrics.steps_stopped);
+        log::warn!(target: "botmesh::conversation", "chat {chat:?}: a step ran past settle and was stopped; it runs again on the chat's next message");
+        if let Some(flows) = &self.flows
+            && turn.as_ref().is_some_and(|t| !t.is_lost())
+        {
+            let conversation = snapshot.map(|mut c| {
+                if c.at != At::Ask {
+                    c.at = At::Run;
+                }
+                c
+            });
+            flows.put(
+                chat,
+                token,
+                Live {
+                    conversation,
+                    stored,
+                },
+            );
+        }
+        // The stuck thread leaves the pool when its step returns; it is not joined.
+        drop(self.workers.lock().remove(&worker));
+        if let Err(e) = self.spawn_worker() {
+            log::error!(target: "botmesh::runtime", "cannot replace a worker stuck in a stopped step: {e}");
+        }
+        match turn {
+            Some(turn) => self.finish_turn(message.as_deref(), turn, None, waited),
+            None => self.end_job(message.as_deref(), Outcome::Handled { token, waited }),
+        }
+    }
+
+    fn timer_add(&self, at: Instant, job: TimerJob) {
+        let mut t = self.timer.lock();
+        t.seq += 1;
+        let seq = t.seq;
+        let earlier = t.heap.peek().is_none_or(|Reverse(e)| at < e.at);
+        t.heap.push(Reverse(TimerEntry { at, seq, job }));
+        drop(t);
+        if earlier {
+            self.timer_cv.notify_one();
+        }
+    }
+
+    fn timer_loop(self: Arc<Self>) {
+        let mut t = self.timer.lock();
+        loop {
+            if t.stopped {
+                return;
+            }
+            let now = Instant::now();
+            match t.heap.peek() {
+                Some(Reverse(e)) if e.at <= now => {}
+                Some(Reverse(e)) => {
+                    let at = e.at;
+                    self.timer_cv.wait_until(&mut t, at);
+                    continue;
+                }
+                None => {
+                    self.timer_cv.wait(&mut t);
+                    continue;
+                }
+            }
+            let Some(Reverse(entry)) = t.heap.pop() else {
+                continue;
+            };
+            drop(t);
+            match entry.job {
+                TimerJob::Cut {
+                    slot,
+                    chat,
+                    token,
+                    worker,
+                    waited,
+                } => {
+                    if let Some(slot) = slot.upgrade() {
+                        self.cut(&slot, &chat, token, worker, waited);
+                    }
+                }
+                TimerJob::Wake(chat, at) => self.wake(chat, at),
+            }
+            t = self.timer.lock();
+        }
+    }
+
+    /// A delay ran out: queue a wake-up for the chat's turn, in order with its
+    /// messages.
+    fn wake(self: &Arc<Self>, chat: Arc<str>, at: u64) {
+        {
+            let mut s = self.sched.lock();
+            if s.closed {
+                // Stopping: the checkpoint (if any) carries the conversation on.
+                return;
+            }
+            s.in_flight += 1;
+        }
+        let me = self.clone();
+        let c = chat.clone();
+        let on_grant: OnGrant = Box::new(move |result| match result {
+            Ok(turn) => {
+                let mut s = me.sched.lock();
+                s.ready.push_back((Job::Wake(c, at), turn));
+                drop(s);
+                me.work_cv.notify_one();
+            }
+            Err(e) => me.end_job(None, Outcome::Dropped(e)),
+        });
+        if let Err(e) = self.replica.enqueue(&chat, None, self.turn_wait, on_grant) {
+            log::warn!(target: "botmesh::conversation", "chat {chat:?}: cannot queue the delayed step: {e}");
+            self.finish();
+        }
+    }
+
     fn call_error_hook(&self, e: &Error) {
         if let Some(hook) = &self.on_error
             && catch_unwind(AssertUnwindSafe(|| hook(e))).is_err()
@@ -675,12 +1170,13 @@ impl Shared {
     }
 }
 
-fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+/// The text of a caught panic, naming what panicked.
+pub(crate) fn panic_text(what: &str, panic: &Box<dyn std::any::Any + Send>) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
-        format!("handler panicked: {s}")
+        format!("{what} panicked: {s}")
     } else if let Some(s) = panic.downcast_ref::<String>() {
-        format!("handler panicked: {s}")
+        format!("{what} panicked: {s}")
     } else {
-        "handler panicked".to_owned()
+        format!("{what} panicked")
     }
 }

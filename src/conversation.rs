@@ -1,0 +1,702 @@
+//! The conversation engine: which flow a message feeds, running steps under the turn,
+//! checkpoints, and the handover decision when a chat comes from another replica.
+//!
+//! One conversation per chat at most. It lives in this replica's memory between
+//! turns, tagged with the fencing token of the turn it last ran under. The next grant
+//! names the previous holder's token: when it is that same token nobody else touched
+//! the chat since, and the in-memory copy is current. Otherwise the copy is stale (it
+//! is never continued) and the checkpoint in the coordinator is the truth.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::{Condvar, Mutex};
+use serde::{Deserialize, Serialize};
+
+use crate::config::{FallbackPolicy, FlowsPolicy, HandoverConfig};
+use crate::coordinator::Token;
+use crate::flow::{Answer, Cancelled, Capture, Flow, State, Step, StepContext, words};
+use crate::metrics::{Metrics, inc};
+use crate::turn::Turn;
+
+/// The checkpoint format this crate writes and reads. A checkpoint of another format
+/// is "cannot be resumed" (the `fallback` policy applies).
+pub(crate) const FORMAT: u32 = 1;
+
+/// Local conversations not touched for this long are forgotten (a persistent one
+/// still has its checkpoint).
+const LOCAL_KEEP: Duration = Duration::from_secs(24 * 3600);
+/// Chats without a conversation are remembered this long (the coordinator keeps a
+/// chat's last holder for an hour: after that every grant reads the checkpoint).
+const NO_CONVERSATION_KEEP: Duration = Duration::from_secs(3600);
+
+/// Where a conversation stands between steps.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub(crate) enum At {
+    /// About to run `step` (or stopped while running it: it runs again).
+    Run,
+    /// `step` is an `ask` whose prompt was sent; the next message answers it.
+    Ask,
+    /// Sleeping until `wake_at_ms` (wall clock, ms since the Unix epoch); `step` is the
+    /// one after the delay.
+    Delay {
+        /// When to go on.
+        wake_at_ms: u64,
+    },
+}
+
+/// A conversation: the checkpoint's content.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Conversation {
+    pub(crate) flow: String,
+    pub(crate) version: u32,
+    pub(crate) step: usize,
+    pub(crate) at: At,
+    pub(crate) state: State,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Record {
+    format: u32,
+    #[serde(flatten)]
+    conversation: Conversation,
+}
+
+/// A chat's conversation as this replica knows it, plus whether a checkpoint of it
+/// is stored (so that ending it deletes the checkpoint, and only then).
+#[derive(Default)]
+pub(crate) struct Live {
+    pub(crate) conversation: Option<Conversation>,
+    pub(crate) stored: bool,
+}
+
+struct Local {
+    token: Token,
+    live: Live,
+    touched: Instant,
+}
+
+/// Why a checkpoint cannot be resumed here.
+#[derive(Debug)]
+pub(crate) enum Unresumable {
+    Parse(String),
+    Format(u32),
+    UnknownFlow(String),
+    Version { flow: String, saved: u32, have: u32 },
+    Step { flow: String, step: usize },
+}
+
+impl std::fmt::Display for Unresumable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unresumable::Parse(e) => write!(f, "it does not parse ({e})"),
+            Unresumable::Format(v) => write!(f, "its format version {v} is unknown"),
+            Unresumable::UnknownFlow(name) => {
+                write!(f, "its flow {name:?} is not registered on this replica")
+            }
+            Unresumable::Version { flow, saved, have } => write!(
+                f,
+                "it was saved by version {saved} of flow {flow:?}, this replica has version {have}"
+            ),
+            Unresumable::Step { flow, step } => {
+                write!(f, "flow {flow:?} has no step {step}")
+            }
+        }
+    }
+}
+
+/// The cancellation flag of one run of steps, with the condvar its sleeps wait on.
+#[derive(Default)]
+pub(crate) struct Control {
+    cancelled: AtomicBool,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl Control {
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn cancel(&self) {
+        // Set under the lock: a sleeper checks the flag under it before waiting, so it
+        // cannot miss this notification.
+        let _g = self.lock.lock();
+        self.cancelled.store(true, Ordering::Release);
+        self.cv.notify_all();
+    }
+
+    pub(crate) fn sleep(&self, duration: Duration) -> Result<(), Cancelled> {
+        let deadline = Instant::now().checked_add(duration);
+        let mut g = self.lock.lock();
+        loop {
+            if self.is_cancelled() {
+                return Err(Cancelled);
+            }
+            match deadline {
+                Some(d) => {
+                    if self.cv.wait_until(&mut g, d).timed_out() {
+                        return if self.is_cancelled() {
+                            Err(Cancelled)
+                        } else {
+                            Ok(())
+                        };
+                    }
+                }
+                None => self.cv.wait(&mut g),
+            }
+        }
+    }
+}
+
+/// What a message does to the chat's conversation.
+pub(crate) enum Route {
+    /// It answers the waiting `ask` at this step.
+    Capture,
+    /// It wakes a conversation that must run on (a stopped step, an overdue delay, a
+    /// restarted checkpoint); the message itself is consumed by that.
+    Resume,
+    /// It starts this flow (by index).
+    Start(usize),
+    /// None of the above: the bot's handler takes it.
+    Handler,
+}
+
+/// How a run of steps ended.
+#[derive(Debug)]
+pub(crate) enum StepsEnd {
+    /// At a wait (`ask`, `delay`), or the conversation ended.
+    Done,
+    /// `settle` ran out; the watchdog released the turn and put the conversation back.
+    Cut,
+    /// A checkpoint write was refused: another turn on the chat is newer. The
+    /// conversation is stale and must not be kept.
+    Stale,
+    /// A step failed (the conversation ended); the text says why.
+    Failed(String),
+}
+
+/// The flows of one bot and its chats' live conversations.
+pub(crate) struct Flows {
+    flows: Vec<Flow>,
+    by_name: HashMap<String, usize>,
+    handover: HandoverConfig,
+    pub(crate) settle: Duration,
+    /// Without coordination there is no other replica: the local copy is always
+    /// current and nothing is checkpointed.
+    coordinated: bool,
+    local: Mutex<LocalMap>,
+}
+
+#[derive(Default)]
+struct LocalMap {
+    chats: HashMap<String, Local>,
+    sweep_at: usize,
+}
+
+impl Flows {
+    /// Checks the flows (unique, non-empty names; `goto` targets exist).
+    ///
+    /// Errors name the flow and the step at fault.
+    pub(crate) fn new(
+        flows: Vec<Flow>,
+        handover: HandoverConfig,
+        settle: Duration,
+        coordinated: bool,
+    ) -> Result<Self, String> {
+        let mut by_name = HashMap::new();
+        for (i, f) in flows.iter().enumerate() {
+            if f.name.is_empty() {
+                return Err(format!("flows[{i}]: the flow name \"\" is empty"));
+            }
+            if by_name.insert(f.name.clone(), i).is_some() {
+                return Err(format!(
+                    "flows: the name {:?} is used by two flows; names must be unique",
+                    f.name
+                ));
+            }
+        }
+        for f in &flows {
+            for (i, s) in f.steps.iter().enumerate() {
+                if let Step::Goto(target) = s
+                    && !by_name.contains_key(target)
+                {
+                    return Err(format!(
+                        "flow {:?} step {i} (goto): no flow named {target:?} is registered",
+                        f.name
+                    ));
+                }
+            }
+        }
+        Ok(Flows {
+            flows,
+            by_name,
+            handover,
+            settle,
+            coordinated,
+            local: Mutex::new(LocalMap::default()),
+        })
+    }
+
+    fn flow(&self, name: &str) -> Option<&Flow> {
+        self.by_name.get(name).map(|&i| &self.flows[i])
+    }
+
+    fn checkpointed(&self, flow: &Flow) -> bool {
+        self.coordinated && (flow.persistent || self.handover.flows == FlowsPolicy::Resume)
+    }
+
+    /// Whether any conversation of this bot can have a checkpoint.
+    fn any_checkpointed(&self) -> bool {
+        self.flows.iter().any(|f| self.checkpointed(f))
+    }
+
+    /// A new conversation at the first step of flow `index`, keeping `state`.
+    pub(crate) fn start(&self, index: usize, state: State) -> Conversation {
+        let f = &self.flows[index];
+        Conversation {
+            flow: f.name.clone(),
+            version: f.version,
+            step: 0,
+            at: At::Run,
+            state,
+        }
+    }
+
+    pub(crate) fn index_of(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
+    /// Takes the chat's conversation for the run under `turn`: the in-memory copy when
+    /// it is current, else the checkpoint (resumed, dropped or restarted by the
+    /// handover policy).
+    ///
+    /// Errors when the checkpoint cannot be read (backend down): the caller must not
+    /// run the message as if there were no conversation.
+    pub(crate) fn take(
+        &self,
+        chat: &str,
+        turn: &Turn,
+        store: &dyn CheckpointStore,
+        metrics: &Metrics,
+    ) -> Result<Live, crate::coordinator::BackendError> {
+        let local = self.local.lock().chats.remove(chat);
+        if !self.coordinated {
+            return Ok(local.map(|l| l.live).unwrap_or_default());
+        }
+        let previous = turn.previous().map(|p| p.token);
+        let stale = match local {
+            Some(l) if Some(l.token) == previous => return Ok(l.live),
+            Some(l) => l.live.conversation.is_some(),
+            None => false,
+        };
+        if stale {
+            // Someone else held the chat since (or our lease lapsed): what we remember
+            // may be behind what they did.
+            inc(&metrics.conversations_stale);
+            log::debug!(target: "botmesh::conversation", "chat {chat:?}: in-memory conversation is stale; reading the checkpoint");
+        }
+        if !self.any_checkpointed() {
+            return Ok(Live::default());
+        }
+        let Some((_, data)) = store.read(chat)? else {
+            if stale {
+                inc(&metrics.conversations_dropped);
+            }
+            return Ok(Live::default());
+        };
+        match self.parse(&data) {
+            Ok(conversation) => {
+                inc(&metrics.conversations_resumed);
+                log::info!(target: "botmesh::conversation", "chat {chat:?}: resuming flow {:?} at step {} from its checkpoint", conversation.flow, conversation.step);
+                Ok(Live {
+                    conversation: Some(conversation),
+                    stored: true,
+                })
+            }
+            Err(why) => {
+                let restart = match (&self.handover.fallback, &why) {
+                    (FallbackPolicy::Restart, Unresumable::Version { flow, .. })
+                    | (FallbackPolicy::Restart, Unresumable::Step { flow, .. }) => {
+                        self.index_of(flow)
+                    }
+                    _ => None,
+                };
+                match restart {
+                    Some(i) => {
+                        inc(&metrics.conversations_restarted);
+                        log::warn!(target: "botmesh::conversation", "chat {chat:?}: the checkpoint cannot be resumed: {why}; restarting flow {:?}", self.flows[i].name);
+                        Ok(Live {
+                            conversation: Some(self.start(i, State::new())),
+                            stored: true,
+                        })
+                    }
+                    None => {
+                        inc(&metrics.conversations_dropped);
+                        log::warn!(target: "botmesh::conversation", "chat {chat:?}: the checkpoint cannot be resumed: {why}; the conversation is dropped");
+                        // Deleted under this turn's token, so no other replica tries again.
+                        if let Err(e) = store.write(chat, turn.fencing_token(), None) {
+                            log::warn!(target: "botmesh::conversation", "chat {chat:?}: deleting the unresumable checkpoint failed: {e}");
+                        }
+                        Ok(Live::default())
+                    }
+                }
+            }
+        }
+    }
+
+    /// Parses and checks a checkpoint against the flows registered here.
+    pub(crate) fn parse(&self, data: &str) -> Result<Conversation, Unresumable> {
+        #[derive(Deserialize)]
+        struct Head {
+            format: u32,
+        }
+        let head: Head =
+            serde_json::from_str(data).map_err(|e| Unresumable::Parse(e.to_string()))?;
+        if head.format != FORMAT {
+            return Err(Unresumable::Format(head.format));
+        }
+        let record: Record =
+            serde_json::from_str(data).map_err(|e| Unresumable::Parse(e.to_string()))?;
+        let c = record.conversation;
+        let Some(flow) = self.flow(&c.flow) else {
+            return Err(Unresumable::UnknownFlow(c.flow));
+        };
+        if flow.version != c.version {
+            return Err(Unresumable::Version {
+                saved: c.version,
+                have: flow.version,
+                flow: c.flow,
+            });
+        }
+        let in_range = match c.at {
+            At::Ask => matches!(flow.steps.get(c.step), Some(Step::Ask { .. })),
+            At::Run | At::Delay { .. } => c.step <= flow.steps.len(),
+        };
+        if !in_range {
+            return Err(Unresumable::Step {
+                flow: c.flow,
+                step: c.step,
+            });
+        }
+        Ok(c)
+    }
+
+    /// Puts the chat's conversation back after a run under `token`.
+    pub(crate) fn put(&self, chat: &str, token: Token, live: Live) {
+        let now = Instant::now();
+        let mut map = self.local.lock();
+        map.chats.insert(
+            chat.to_owned(),
+            Local {
+                token,
+                live,
+                touched: now,
+            },
+        );
+        if map.chats.len() >= map.sweep_at {
+            // An entry without a conversation only saves a checkpoint read; one with a
+            // conversation not touched for a day is given up (a checkpointed one can
+            // still be resumed from the coordinator).
+            map.chats.retain(|_, l| {
+                let idle = now.duration_since(l.touched);
+                idle < LOCAL_KEEP && (l.live.conversation.is_some() || idle < NO_CONVERSATION_KEEP)
+            });
+            map.sweep_at = (map.chats.len() * 2).max(1024);
+        }
+    }
+
+    /// What `text` does to `live`'s conversation (see [`Route`]).
+    pub(crate) fn route(&self, live: &Live, text: &str) -> Route {
+        if let Some(c) = &live.conversation {
+            match c.at {
+                At::Ask => return Route::Capture,
+                At::Run => return Route::Resume,
+                At::Delay { wake_at_ms } if wake_at_ms <= now_ms() => return Route::Resume,
+                At::Delay { .. } => {}
+            }
+        }
+        let w = words(text);
+        match self.flows.iter().position(|f| f.triggered_by(&w)) {
+            Some(i) => Route::Start(i),
+            None => Route::Handler,
+        }
+    }
+
+    /// Runs the waiting `ask`'s capture on `message`; moves the conversation on.
+    /// Returns the text to send back when the capture asked again, or an error text
+    /// when the capture panicked or named an unknown flow (the conversation ends).
+    pub(crate) fn capture(
+        &self,
+        live: &mut Live,
+        message: &crate::message::Message,
+    ) -> Result<Option<String>, String> {
+        let Some(c) = live.conversation.as_mut() else {
+            return Ok(None);
+        };
+        let capture = match self.flow(&c.flow).and_then(|f| f.steps.get(c.step)) {
+            Some(Step::Ask { capture, .. }) => capture.clone(),
+            _ => {
+                // parse() checked this for checkpoints; a local copy always fits.
+                live.conversation = None;
+                return Err("the conversation's ask step no longer exists".into());
+            }
+        };
+        let mut state = c.state.clone();
+        let decision = catch_unwind(AssertUnwindSafe(|| {
+            capture(&mut Answer {
+                message,
+                state: &mut state,
+            })
+        }));
+        match decision {
+            Ok(Capture::Next) => {
+                c.state = state;
+                c.step += 1;
+                c.at = At::Run;
+                Ok(None)
+            }
+            Ok(Capture::Retry(text)) => {
+                c.state = state;
+                Ok(Some(text))
+            }
+            Ok(Capture::Goto(name)) => match self.index_of(&name) {
+                Some(i) => {
+                    *c = self.start(i, state);
+                    Ok(None)
+                }
+                None => {
+                    live.conversation = None;
+                    Err(format!("capture chose goto {name:?}: no such flow"))
+                }
+            },
+            Err(panic) => {
+                live.conversation = None;
+                Err(crate::runtime::panic_text("a capture callback", &panic))
+            }
+        }
+    }
+
+    /// Saves the conversation at a boundary (or deletes its checkpoint when it ended or
+    /// is not checkpointed). Returns `Ok(false)` when the write was refused (stale).
+    fn save(
+        &self,
+        chat: &str,
+        token: Token,
+        live: &mut Live,
+        store: &dyn CheckpointStore,
+    ) -> Result<bool, crate::coordinator::BackendError> {
+        let keep = live
+            .conversation
+            .as_ref()
+            .and_then(|c| self.flow(&c.flow))
+            .is_some_and(|f| self.checkpointed(f));
+        if keep {
+            let Some(c) = &live.conversation else {
+                return Ok(true);
+            };
+            let record = Record {
+                format: FORMAT,
+                conversation: c.clone(),
+            };
+            let data = serde_json::to_string(&record).map_err(|e| {
+                crate::coordinator::BackendError::new(format!(
+                    "the conversation state of chat {chat:?} does not serialise: {e}"
+                ))
+            })?;
+            let applied = store.write(chat, token, Some(&data))?;
+            live.stored = applied;
+            Ok(applied)
+        } else if live.stored {
+            let applied = store.write(chat, token, None)?;
+            live.stored = !applied;
+            Ok(applied)
+        } else {
+            Ok(true)
+        }
+    }
+
+    /// Runs the conversation's steps from where it stands to its next wait or its end.
+    ///
+    /// Stops at a boundary when the watchdog cut the run (`settle` ran out). Sends go
+    /// through the run's outbox.
+    pub(crate) fn run_steps(&self, chat: &str, live: &mut Live, run: &Run<'_>) -> StepsEnd {
+        loop {
+            let Some(c) = live.conversation.as_mut() else {
+                return self.boundary(chat, live, run, StepsEnd::Done);
+            };
+            if c.at != At::Run {
+                // Waiting (an ask, a delay not due): nothing runs, the state is saved.
+                return self.boundary(chat, live, run, StepsEnd::Done);
+            }
+            let Some(flow) = self.flow(&c.flow) else {
+                let name = c.flow.clone();
+                live.conversation = None;
+                self.boundary(chat, live, run, StepsEnd::Done);
+                return StepsEnd::Failed(format!("flow {name:?} is not registered"));
+            };
+            let Some(step) = flow.steps.get(c.step).cloned() else {
+                live.conversation = None;
+                return self.boundary(chat, live, run, StepsEnd::Done);
+            };
+            if let end @ (StepsEnd::Cut | StepsEnd::Stale) =
+                self.boundary(chat, live, run, StepsEnd::Done)
+            {
+                return end;
+            }
+            let Some(c) = live.conversation.as_mut() else {
+                return StepsEnd::Done;
+            };
+            match step {
+                Step::Answer(text) => {
+                    send_logged(run, chat, &text);
+                    c.step += 1;
+                }
+                Step::Ask { prompt, .. } => {
+                    send_logged(run, chat, &prompt);
+                    c.at = At::Ask;
+                    return self.boundary(chat, live, run, StepsEnd::Done);
+                }
+                Step::Action(action) => {
+                    let mut state = c.state.clone();
+                    let result = catch_unwind(AssertUnwindSafe(|| {
+                        action(&mut StepContext {
+                            chat,
+                            state: &mut state,
+                            control: &run.slot.control,
+                            outbox: run.outbox,
+                        })
+                    }));
+                    if run.slot.control.is_cancelled() {
+                        return StepsEnd::Cut;
+                    }
+                    let failure = match result {
+                        Ok(Ok(())) => None,
+                        Ok(Err(e)) => Some(e.to_string()),
+                        Err(panic) => Some(crate::runtime::panic_text("an action", &panic)),
+                    };
+                    if let Some(text) = failure {
+                        let what = format!("flow {:?} step {} (action): {text}", c.flow, c.step);
+                        live.conversation = None;
+                        self.boundary(chat, live, run, StepsEnd::Done);
+                        return StepsEnd::Failed(what);
+                    }
+                    c.state = state;
+                    c.step += 1;
+                }
+                Step::Delay(d) => {
+                    let wake_at_ms = now_ms().saturating_add(ms(d));
+                    c.step += 1;
+                    c.at = At::Delay { wake_at_ms };
+                    let end = self.boundary(chat, live, run, StepsEnd::Done);
+                    if matches!(end, StepsEnd::Done) {
+                        (run.schedule_wake)(wake_at_ms);
+                    }
+                    return end;
+                }
+                Step::Goto(name) => match self.index_of(&name) {
+                    Some(i) => {
+                        let state = std::mem::take(&mut c.state);
+                        *c = self.start(i, state);
+                    }
+                    None => {
+                        live.conversation = None;
+                        self.boundary(chat, live, run, StepsEnd::Done);
+                        return StepsEnd::Failed(format!("goto {name:?}: no such flow"));
+                    }
+                },
+                Step::End => {
+                    live.conversation = None;
+                    return self.boundary(chat, live, run, StepsEnd::Done);
+                }
+            }
+        }
+    }
+
+    /// A step boundary: stops when the run was cut, else remembers the position (what
+    /// a cut puts back) and saves the checkpoint, all under the run's lock so that no
+    /// write happens after a cut. Returns `ok` when the run may go on.
+    fn boundary(&self, chat: &str, live: &mut Live, run: &Run<'_>, ok: StepsEnd) -> StepsEnd {
+        let mut slot = run.slot.inner.lock();
+        if slot.cut {
+            return StepsEnd::Cut;
+        }
+        slot.snapshot = live.conversation.clone();
+        let saved = self.save(chat, run.token, live, run.store);
+        slot.stored = live.stored;
+        match saved {
+            Ok(true) => ok,
+            Ok(false) => StepsEnd::Stale,
+            Err(e) => {
+                // The previous checkpoint stays: a handover re-runs from there (steps
+                // are at-least-once).
+                log::warn!(target: "botmesh::conversation", "chat {chat:?}: checkpoint write failed: {e}");
+                ok
+            }
+        }
+    }
+}
+
+/// The part of a run of steps that the settle watchdog shares with the worker.
+#[derive(Default)]
+pub(crate) struct RunSlot {
+    pub(crate) control: Control,
+    pub(crate) inner: Mutex<SlotInner>,
+}
+
+/// Guarded by the run's lock.
+#[derive(Default)]
+pub(crate) struct SlotInner {
+    /// The watchdog stopped the run: it released the turn and ended the message.
+    pub(crate) cut: bool,
+    /// The worker finished the run first.
+    pub(crate) done: bool,
+    /// The conversation at the last boundary: what the chat's next message resumes.
+    pub(crate) snapshot: Option<Conversation>,
+    /// Whether a checkpoint was stored at the last boundary.
+    pub(crate) stored: bool,
+    pub(crate) turn: Option<Turn>,
+    pub(crate) message: Option<std::sync::Arc<crate::message::Message>>,
+}
+
+/// What a run of steps needs from the runtime.
+pub(crate) struct Run<'a> {
+    pub(crate) token: Token,
+    pub(crate) slot: &'a RunSlot,
+    pub(crate) store: &'a dyn CheckpointStore,
+    pub(crate) outbox: &'a dyn Fn(&str) -> Result<(), crate::provider::ProviderError>,
+    pub(crate) schedule_wake: &'a dyn Fn(u64),
+}
+
+fn send_logged(run: &Run<'_>, chat: &str, text: &str) {
+    if let Err(e) = (run.outbox)(text) {
+        log::warn!(target: "botmesh::conversation", "chat {chat:?}: send failed: {e}");
+    }
+}
+
+/// Checkpoint storage: the coordinator, through the replica (which maps chat ids to
+/// the coordinator's keys).
+pub(crate) trait CheckpointStore {
+    fn read(&self, chat: &str)
+    -> Result<Option<(Token, String)>, crate::coordinator::BackendError>;
+    fn write(
+        &self,
+        chat: &str,
+        token: Token,
+        data: Option<&str>,
+    ) -> Result<bool, crate::coordinator::BackendError>;
+}
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(ms)
+        .unwrap_or(0)
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
