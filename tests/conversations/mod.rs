@@ -1,0 +1,368 @@
+//! Conversations across replicas (SPEC §4, §5): settle, checkpoints and handover,
+//! written once and run against every backend (`flows_memory.rs`, `flows_redis.rs`).
+//!
+//! Replicas are bots in this process sharing one coordinator; a crash is
+//! `Bot::abort`. Events are ordered with channels; where the contract is about time
+//! (`settle` running out, a delay) the tests wait for the event with a generous bound.
+
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use botmesh::{
+    Bot, Capture, CoordinationConfig, Coordinator, CoordinatorConfig, FallbackPolicy, Flow,
+    FlowsPolicy, HandoverConfig, Intake, Message, Outcome, Provider, ProviderError,
+};
+use crossbeam_channel::{Receiver, Sender, unbounded};
+
+/// A backend under test.
+pub trait Backend: Sized + 'static {
+    /// A fresh, empty backend whose leases have this TTL.
+    fn start(ttl: Duration) -> Self;
+    /// The coordinator the replicas of one test share.
+    fn coordinator(&self) -> Arc<dyn Coordinator>;
+}
+
+/// Tests here run one at a time: they bound `settle` and TTL events in time, and a
+/// CPU-heavy neighbour on a 2-core machine would stretch them.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+const RECV: Duration = Duration::from_secs(20);
+const TTL: Duration = Duration::from_secs(2);
+
+fn recv<T>(rx: &Receiver<T>, what: &str) -> T {
+    rx.recv_timeout(RECV)
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+/// A transport that records every send as (replica, chat, text).
+struct Outbox {
+    replica: String,
+    tx: Sender<(String, String, String)>,
+}
+
+impl Provider for Outbox {
+    fn id(&self) -> &str {
+        "test-outbox"
+    }
+    fn start(&self, _intake: Intake) -> Result<(), ProviderError> {
+        Ok(())
+    }
+    fn stop(&self) {}
+    fn send(&self, chat: &str, text: &str) -> Result<(), ProviderError> {
+        let _ = self
+            .tx
+            .send((self.replica.clone(), chat.to_owned(), text.to_owned()));
+        Ok(())
+    }
+}
+
+/// What the replicas of one test share: their sends and outcomes, in order.
+struct World {
+    coordinator: Arc<dyn Coordinator>,
+    sent_tx: Sender<(String, String, String)>,
+    sent: Receiver<(String, String, String)>,
+    ended_tx: Sender<(String, String, String)>,
+    /// (replica, message text, outcome kind) for every message that ended.
+    ended: Receiver<(String, String, String)>,
+    handled_tx: Sender<(String, String)>,
+    /// (replica, text) of every message that reached the plain handler.
+    handled: Receiver<(String, String)>,
+    /// A handler given the text "probe" reports here, then waits for the gate.
+    probe_in_tx: Sender<()>,
+    probe_in: Receiver<()>,
+    probe_gate_tx: Sender<()>,
+    probe_gate: Receiver<()>,
+}
+
+impl World {
+    fn new(b: &impl Backend) -> Self {
+        let (sent_tx, sent) = unbounded();
+        let (ended_tx, ended) = unbounded();
+        let (handled_tx, handled) = unbounded();
+        let (probe_in_tx, probe_in) = unbounded();
+        let (probe_gate_tx, probe_gate) = unbounded();
+        World {
+            probe_in_tx,
+            probe_in,
+            probe_gate_tx,
+            probe_gate,
+            coordinator: b.coordinator(),
+            sent_tx,
+            sent,
+            ended_tx,
+            ended,
+            handled_tx,
+            handled,
+        }
+    }
+
+    fn config(&self) -> CoordinationConfig {
+        CoordinationConfig::new(CoordinatorConfig::Shared(self.coordinator.clone()))
+    }
+
+    fn bot(&self, id: &str, workers: usize, config: CoordinationConfig, flows: Vec<Flow>) -> Bot {
+        let ended = self.ended_tx.clone();
+        let handled = self.handled_tx.clone();
+        let (probe_in, probe_gate) = (self.probe_in_tx.clone(), self.probe_gate.clone());
+        let (me, me2) = (id.to_owned(), id.to_owned());
+        let mut b = Bot::builder()
+            .id(id)
+            .workers(workers)
+            .coordination(config)
+            .provider(Arc::new(Outbox {
+                replica: id.to_owned(),
+                tx: self.sent_tx.clone(),
+            }))
+            .handler(move |ctx| {
+                if ctx.message().text == "probe" {
+                    let _ = probe_in.send(());
+                    let _ = probe_gate.recv_timeout(RECV);
+                }
+                let _ = handled.send((me2.clone(), ctx.message().text.clone()));
+                Ok(())
+            })
+            .on_outcome(move |m: &Message, o: &Outcome| {
+                let kind = match o {
+                    Outcome::Handled { .. } => "handled",
+                    Outcome::Failed(_) => "failed",
+                    Outcome::Dropped(_) => "dropped",
+                    Outcome::Duplicate => "duplicate",
+                };
+                let _ = ended.send((me.clone(), m.text.clone(), kind.to_owned()));
+            });
+        for f in flows {
+            b = b.flow(f);
+        }
+        b.build().expect("bot starts")
+    }
+
+    /// Delivers `text` on `chat` to `bot` and waits until it ended; returns its
+    /// outcome kind.
+    fn say(&self, bot: &Bot, chat: &str, text: &str) -> String {
+        bot.intake()
+            .deliver(Message::new(chat, text))
+            .expect("accepted");
+        let (_, t, kind) = recv(&self.ended, &format!("the end of {text:?}"));
+        assert_eq!(t, text, "messages end in order");
+        kind
+    }
+
+    /// The next send: (replica, text).
+    fn next_sent(&self) -> (String, String) {
+        let (r, _, t) = recv(&self.sent, "a send");
+        (r, t)
+    }
+
+    fn no_more_sent(&self) {
+        if let Ok(s) = self.sent.try_recv() {
+            panic!("unexpected send {s:?}");
+        }
+    }
+}
+
+fn order_form(persistent: bool) -> Flow {
+    let f = Flow::new("order")
+        .keywords(["order"])
+        .ask_for("name", "name?")
+        .ask_for("address", "address?")
+        .ask("confirm?", |a| match a.text() {
+            "yes" => Capture::Next,
+            _ => Capture::Retry("yes or no?".into()),
+        })
+        .action(|step| {
+            let s = step.state();
+            let text = format!(
+                "done {} {}",
+                s["name"].as_str().unwrap_or("-"),
+                s["address"].as_str().unwrap_or("-")
+            );
+            step.send(&text)?;
+            Ok(())
+        });
+    if persistent { f.persistent() } else { f }
+}
+
+fn quiz() -> Flow {
+    Flow::new("quiz")
+        .keywords(["quiz"])
+        .ask_for("a", "a?")
+        .ask_for("b", "b?")
+        .action(|step| {
+            let s = step.state();
+            let text = format!("got {} {}", s["a"].as_str().unwrap_or("-"), s["b"].as_str().unwrap_or("-"));
+            step.send(&text)?;
+            Ok(())
+        })
+}
+
+/// After a message answers an ask, the turn stays held while the next steps run (a
+/// 200 ms action), and the chat's next message, even on another replica, waits.
+pub fn settle_holds_the_turn<B: Backend>() {
+    let b = B::start(TTL);
+    let w = World::new(&b);
+    let (ev_tx, ev) = unbounded::<&'static str>();
+    let mk = |ev_tx: Sender<&'static str>| {
+        let ev2 = ev_tx.clone();
+        Flow::new("slow")
+            .keywords(["slow"])
+            .persistent()
+            .ask_for("x", "x?")
+            .action(move |step| {
+                let _ = ev_tx.send("action start");
+                step.sleep(Duration::from_millis(200))?;
+                let _ = ev_tx.send("action end");
+                Ok(())
+            })
+            .ask("y?", move |_| {
+                let _ = ev2.send("y captured");
+                Capture::Next
+            })
+    };
+    let config = w.config().with_settle(Duration::from_secs(10));
+    let a = w.bot("settle-a", 2, config.clone(), vec![mk(ev_tx.clone())]);
+    let c = w.bot("settle-b", 2, config, vec![mk(ev_tx)]);
+    assert_eq!(w.say(&a, "chat", "slow"), "handled");
+    assert_eq!(w.next_sent(), ("settle-a".into(), "x?".into()));
+    a.intake().deliver(Message::new("chat", "1")).expect("x");
+    assert_eq!(recv(&ev, "action start"), "action start");
+    // The action is running under the turn: the chat's next message waits for it.
+    c.intake().deliver(Message::new("chat", "2")).expect("y");
+    assert_eq!(recv(&ev, "action end"), "action end");
+    assert_eq!(recv(&ev, "capture"), "y captured");
+    assert_eq!(w.next_sent().1, "y?");
+    for _ in 0..2 {
+        assert_eq!(recv(&w.ended, "ends").2, "handled");
+    }
+    a.shutdown();
+    c.shutdown();
+}
+
+/// An action longer than `settle` is stopped at `settle`: its flag is set, its sleep
+/// wakes, its later sends and state changes are refused, the turn is released, the
+/// pool keeps its size although the action ignores the flag, and the chat's next
+/// message runs the stopped step again.
+pub fn settle_stops_a_long_step<B: Backend>() {
+    let b = B::start(TTL);
+    let w = World::new(&b);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (gate_tx, gate) = unbounded::<()>();
+    let (ev_tx, ev) = unbounded::<String>();
+    let stubborn = {
+        let (runs, ev_tx) = (runs.clone(), ev_tx.clone());
+        Flow::new("stubborn")
+            .keywords(["stubborn"])
+            .persistent()
+            .action(move |step| {
+                let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                let _ = ev_tx.send(format!("run {n}"));
+                if n == 1 {
+                    // Ignores cancellation until the test lets it go.
+                    let _ = gate.recv();
+                    let cancelled = step.is_cancelled();
+                    let send = step.send("late").is_err();
+                    step.set("touched", true);
+                    let _ = ev_tx.send(format!("after: cancelled={cancelled} send_refused={send}"));
+                } else {
+                    let touched = step.state().contains_key("touched");
+                    let _ = ev_tx.send(format!("rerun sees touched={touched}"));
+                }
+                Ok(())
+            })
+            .answer("stubborn done")
+    };
+    let sleepy = {
+        let ev_tx = ev_tx.clone();
+        Flow::new("sleepy").keywords(["sleepy"]).action(move |step| {
+            let t = Instant::now();
+            let r = step.sleep(Duration::from_secs(30));
+            let _ = ev_tx.send(format!("sleep woke cancelled={} early={}", r.is_err(), t.elapsed() < Duration::from_secs(20)));
+            Ok(())
+        })
+    };
+    let config = w.config().with_settle(Duration::from_millis(300));
+    let bot = w.bot("cut", 2, config, vec![stubborn, sleepy]);
+    let intake = bot.intake();
+    intake.deliver(Message::new("s", "stubborn")).expect("in");
+    assert_eq!(recv(&ev, "run 1"), "run 1");
+    // settle cuts it: the message ends and the turn is released.
+    assert_eq!(recv(&w.ended, "the cut message's end").2, "handled");
+    // The checkpoint stays at the stopped step.
+    let (_, data) = w.coordinator.read_checkpoint("s").expect("read").expect("a checkpoint");
+    assert!(data.contains("\"step\":0"), "{data}");
+    // Two workers are still free although one thread is stuck: two handlers on two
+    // chats that each wait for the test both get in.
+    intake.deliver(Message::new("p1", "probe")).expect("in");
+    intake.deliver(Message::new("p2", "probe")).expect("in");
+    recv(&w.probe_in, "the first probe");
+    recv(&w.probe_in, "the second probe (a second free worker)");
+    w.probe_gate_tx.send(()).expect("gate");
+    w.probe_gate_tx.send(()).expect("gate");
+    for _ in 0..2 {
+        assert_eq!(recv(&w.ended, "the probes' ends").2, "handled");
+    }
+    // The sleeping action wakes at settle.
+    intake.deliver(Message::new("z", "sleepy")).expect("in");
+    assert_eq!(recv(&ev, "sleep result"), "sleep woke cancelled=true early=true");
+    assert_eq!(recv(&w.ended, "sleepy's end").2, "handled");
+    // The stubborn action ends now: everything it tried after the cut was refused.
+    gate_tx.send(()).expect("gate");
+    assert_eq!(recv(&ev, "after"), "after: cancelled=true send_refused=true");
+    // The chat's next message runs the stopped step again, from the saved state.
+    intake.deliver(Message::new("s", "again")).expect("in");
+    assert_eq!(recv(&ev, "run 2"), "run 2");
+    assert_eq!(recv(&ev, "rerun"), "rerun sees touched=false");
+    assert_eq!(w.next_sent().1, "stubborn done");
+    assert_eq!(recv(&w.ended, "again's end").2, "handled");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert!(bot.metrics().steps_stopped >= 2);
+    bot.shutdown();
+}
+
+/// A 10 s delay inside a conversation holds no worker: with one worker, other chats
+/// flow meanwhile.
+pub fn delay_holds_no_worker<B: Backend>() {
+    let b = B::start(TTL);
+    let w = World::new(&b);
+    let remind = Flow::new("remind")
+        .keywords(["remind"])
+        .answer("soon")
+        .delay(Duration::from_secs(10))
+        .answer("reminder");
+    let bot = w.bot("delay", 1, w.config(), vec![remind]);
+    assert_eq!(w.say(&bot, "r", "remind"), "handled");
+    assert_eq!(w.next_sent().1, "soon");
+    for i in 0..20 {
+        assert_eq!(w.say(&bot, &format!("other-{i}"), "hello"), "handled");
+    }
+    w.no_more_sent();
+    bot.shutdown();
+}
+
+/// Runs every test above for a backend type.
+macro_rules! suite {
+    ($b:ty) => {
+        #[test]
+        fn settle_holds_the_turn() {
+            let _s = conversations::serial();
+            conversations::settle_holds_the_turn::<$b>();
+        }
+        #[test]
+        fn settle_stops_a_long_step() {
+            let _s = conversations::serial();
+            conversations::settle_stops_a_long_step::<$b>();
+        }
+        #[test]
+        fn delay_holds_no_worker() {
+            let _s = conversations::serial();
+            conversations::delay_holds_no_worker::<$b>();
+        }
+    };
+}
+pub(crate) use suite;
