@@ -82,18 +82,46 @@ struct Local {
 /// Why a checkpoint cannot be resumed here.
 #[derive(Debug)]
 pub(crate) enum Unresumable {
-    Parse(String),
-    Format(u32),
+    /// Unreadable; `flow` is its flow's name when that much could be read.
+    Parse {
+        error: String,
+        flow: Option<String>,
+    },
+    Format {
+        format: u32,
+        flow: Option<String>,
+    },
     UnknownFlow(String),
-    Version { flow: String, saved: u32, have: u32 },
-    Step { flow: String, step: usize },
+    Version {
+        flow: String,
+        saved: u32,
+        have: u32,
+    },
+    Step {
+        flow: String,
+        step: usize,
+    },
+}
+
+impl Unresumable {
+    /// The checkpoint's flow, when it could be read.
+    fn flow(&self) -> Option<&str> {
+        match self {
+            Unresumable::Parse { flow, .. } | Unresumable::Format { flow, .. } => flow.as_deref(),
+            Unresumable::UnknownFlow(flow)
+            | Unresumable::Version { flow, .. }
+            | Unresumable::Step { flow, .. } => Some(flow),
+        }
+    }
 }
 
 impl std::fmt::Display for Unresumable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Unresumable::Parse(e) => write!(f, "it does not parse ({e})"),
-            Unresumable::Format(v) => write!(f, "its format version {v} is unknown"),
+            Unresumable::Parse { error, .. } => write!(f, "it does not parse ({error})"),
+            Unresumable::Format { format, .. } => {
+                write!(f, "its format version {format} is unknown")
+            }
             Unresumable::UnknownFlow(name) => {
                 write!(f, "its flow {name:?} is not registered on this replica")
             }
@@ -249,11 +277,6 @@ impl Flows {
         self.coordinated && (flow.persistent || self.handover.flows == FlowsPolicy::Resume)
     }
 
-    /// Whether any conversation of this bot can have a checkpoint.
-    fn any_checkpointed(&self) -> bool {
-        self.flows.iter().any(|f| self.checkpointed(f))
-    }
-
     /// A new conversation at the first step of flow `index`, keeping `state`.
     pub(crate) fn start(&self, index: usize, state: State) -> Conversation {
         let f = &self.flows[index];
@@ -299,9 +322,8 @@ impl Flows {
             inc(&metrics.conversations_stale);
             log::debug!(target: "botmesh::conversation", "chat {chat:?}: in-memory conversation is stale; reading the checkpoint");
         }
-        if !self.any_checkpointed() {
-            return Ok(Live::default());
-        }
+        // Read even when no flow here is checkpointed: a checkpoint written by a
+        // replica with other flows (a rolling deploy) still gets its fallback.
         let Some((_, data)) = store.read(chat)? else {
             if stale {
                 inc(&metrics.conversations_dropped);
@@ -318,11 +340,8 @@ impl Flows {
                 })
             }
             Err(why) => {
-                let restart = match (&self.handover.fallback, &why) {
-                    (FallbackPolicy::Restart, Unresumable::Version { flow, .. })
-                    | (FallbackPolicy::Restart, Unresumable::Step { flow, .. }) => {
-                        self.index_of(flow)
-                    }
+                let restart = match (&self.handover.fallback, why.flow()) {
+                    (FallbackPolicy::Restart, Some(flow)) => self.index_of(flow),
                     _ => None,
                 };
                 match restart {
@@ -350,17 +369,34 @@ impl Flows {
 
     /// Parses and checks a checkpoint against the flows registered here.
     pub(crate) fn parse(&self, data: &str) -> Result<Conversation, Unresumable> {
-        #[derive(Deserialize)]
-        struct Head {
-            format: u32,
+        // Read leniently first, so that a record this replica cannot resume can
+        // still name its flow (for `fallback: restart`).
+        let value: serde_json::Value =
+            serde_json::from_str(data).map_err(|e| Unresumable::Parse {
+                error: e.to_string(),
+                flow: None,
+            })?;
+        let flow_name = value
+            .get("flow")
+            .and_then(|f| f.as_str())
+            .map(str::to_owned);
+        let format = value.get("format").and_then(serde_json::Value::as_u64);
+        if format != Some(u64::from(FORMAT)) {
+            return Err(match format.and_then(|f| u32::try_from(f).ok()) {
+                Some(format) => Unresumable::Format {
+                    format,
+                    flow: flow_name,
+                },
+                None => Unresumable::Parse {
+                    error: "no format version".into(),
+                    flow: flow_name,
+                },
+            });
         }
-        let head: Head =
-            serde_json::from_str(data).map_err(|e| Unresumable::Parse(e.to_string()))?;
-        if head.format != FORMAT {
-            return Err(Unresumable::Format(head.format));
-        }
-        let record: Record =
-            serde_json::from_str(data).map_err(|e| Unresumable::Parse(e.to_string()))?;
+        let record: Record = serde_json::from_value(value).map_err(|e| Unresumable::Parse {
+            error: e.to_string(),
+            flow: flow_name,
+        })?;
         let c = record.conversation;
         let Some(flow) = self.flow(&c.flow) else {
             return Err(Unresumable::UnknownFlow(c.flow));

@@ -196,7 +196,11 @@ fn quiz() -> Flow {
         .ask_for("b", "b?")
         .action(|step| {
             let s = step.state();
-            let text = format!("got {} {}", s["a"].as_str().unwrap_or("-"), s["b"].as_str().unwrap_or("-"));
+            let text = format!(
+                "got {} {}",
+                s["a"].as_str().unwrap_or("-"),
+                s["b"].as_str().unwrap_or("-")
+            );
             step.send(&text)?;
             Ok(())
         })
@@ -279,12 +283,18 @@ pub fn settle_stops_a_long_step<B: Backend>() {
     };
     let sleepy = {
         let ev_tx = ev_tx.clone();
-        Flow::new("sleepy").keywords(["sleepy"]).action(move |step| {
-            let t = Instant::now();
-            let r = step.sleep(Duration::from_secs(30));
-            let _ = ev_tx.send(format!("sleep woke cancelled={} early={}", r.is_err(), t.elapsed() < Duration::from_secs(20)));
-            Ok(())
-        })
+        Flow::new("sleepy")
+            .keywords(["sleepy"])
+            .action(move |step| {
+                let t = Instant::now();
+                let r = step.sleep(Duration::from_secs(30));
+                let _ = ev_tx.send(format!(
+                    "sleep woke cancelled={} early={}",
+                    r.is_err(),
+                    t.elapsed() < Duration::from_secs(20)
+                ));
+                Ok(())
+            })
     };
     let config = w.config().with_settle(Duration::from_millis(300));
     let bot = w.bot("cut", 2, config, vec![stubborn, sleepy]);
@@ -294,7 +304,11 @@ pub fn settle_stops_a_long_step<B: Backend>() {
     // settle cuts it: the message ends and the turn is released.
     assert_eq!(recv(&w.ended, "the cut message's end").2, "handled");
     // The checkpoint stays at the stopped step.
-    let (_, data) = w.coordinator.read_checkpoint("s").expect("read").expect("a checkpoint");
+    let (_, data) = w
+        .coordinator
+        .read_checkpoint("s")
+        .expect("read")
+        .expect("a checkpoint");
     assert!(data.contains("\"step\":0"), "{data}");
     // Two workers are still free although one thread is stuck: two handlers on two
     // chats that each wait for the test both get in.
@@ -309,11 +323,17 @@ pub fn settle_stops_a_long_step<B: Backend>() {
     }
     // The sleeping action wakes at settle.
     intake.deliver(Message::new("z", "sleepy")).expect("in");
-    assert_eq!(recv(&ev, "sleep result"), "sleep woke cancelled=true early=true");
+    assert_eq!(
+        recv(&ev, "sleep result"),
+        "sleep woke cancelled=true early=true"
+    );
     assert_eq!(recv(&w.ended, "sleepy's end").2, "handled");
     // The stubborn action ends now: everything it tried after the cut was refused.
     gate_tx.send(()).expect("gate");
-    assert_eq!(recv(&ev, "after"), "after: cancelled=true send_refused=true");
+    assert_eq!(
+        recv(&ev, "after"),
+        "after: cancelled=true send_refused=true"
+    );
     // The chat's next message runs the stopped step again, from the saved state.
     intake.deliver(Message::new("s", "again")).expect("in");
     assert_eq!(recv(&ev, "run 2"), "run 2");
@@ -345,6 +365,285 @@ pub fn delay_holds_no_worker<B: Backend>() {
     bot.shutdown();
 }
 
+/// A: mid-way through a persistent form (waiting at its third question), crashes.
+/// The chat's next message goes to B, which continues at that question with the
+/// answers so far.
+pub fn persistent_form_survives_a_crash<B: Backend>() {
+    let b = B::start(TTL);
+    let w = World::new(&b);
+    let a = w.bot("form-a", 2, w.config(), vec![order_form(true)]);
+    let c = w.bot("form-b", 2, w.config(), vec![order_form(true)]);
+    for (text, prompt) in [
+        ("order", "name?"),
+        ("Ann", "address?"),
+        ("Main St", "confirm?"),
+    ] {
+        assert_eq!(w.say(&a, "form", text), "handled");
+        assert_eq!(w.next_sent(), ("form-a".into(), prompt.into()));
+    }
+    a.abort();
+    assert_eq!(w.say(&c, "form", "maybe"), "handled");
+    assert_eq!(w.next_sent(), ("form-b".into(), "yes or no?".into()));
+    assert_eq!(w.say(&c, "form", "yes"), "handled");
+    assert_eq!(w.next_sent(), ("form-b".into(), "done Ann Main St".into()));
+    assert_eq!(c.metrics().conversations_resumed, 1);
+    assert!(
+        w.handled.try_recv().is_err(),
+        "no message fell through to the handler"
+    );
+    c.shutdown();
+}
+
+/// A flow that is not persistent ends when another replica takes the chat under
+/// `flows: drop`, and continues there under `flows: resume`.
+pub fn non_persistent_flows_follow_the_policy<B: Backend>() {
+    for policy in [FlowsPolicy::Drop, FlowsPolicy::Resume] {
+        let b = B::start(TTL);
+        let w = World::new(&b);
+        let config = w.config().with_handover(HandoverConfig {
+            flows: policy,
+            fallback: FallbackPolicy::Drop,
+        });
+        let a = w.bot("np-a", 2, config.clone(), vec![quiz()]);
+        let c = w.bot("np-b", 2, config, vec![quiz()]);
+        assert_eq!(w.say(&a, "q", "quiz"), "handled");
+        assert_eq!(w.say(&a, "q", "1"), "handled");
+        assert_eq!(w.next_sent().1, "a?");
+        assert_eq!(w.next_sent().1, "b?");
+        a.abort();
+        assert_eq!(w.say(&c, "q", "2"), "handled");
+        match policy {
+            FlowsPolicy::Drop => {
+                assert_eq!(recv(&w.handled, "the handler"), ("np-b".into(), "2".into()));
+                w.no_more_sent();
+            }
+            FlowsPolicy::Resume => {
+                assert_eq!(w.next_sent(), ("np-b".into(), "got 1 2".into()));
+                assert!(w.handled.try_recv().is_err());
+            }
+        }
+        c.shutdown();
+    }
+}
+
+/// When B cannot resume a checkpoint (its flow is not registered on B, its version
+/// differs, it does not parse): `fallback: drop` ends it (the message goes to the
+/// handler), `fallback: restart` starts the flow again from its first step.
+pub fn unresumable_checkpoints_follow_the_fallback<B: Backend>() {
+    let cases: [(&str, FallbackPolicy, &str); 6] = [
+        ("unregistered", FallbackPolicy::Drop, "handler"),
+        ("unregistered", FallbackPolicy::Restart, "handler"),
+        ("version", FallbackPolicy::Drop, "handler"),
+        ("version", FallbackPolicy::Restart, "restart"),
+        ("garbage", FallbackPolicy::Drop, "handler"),
+        ("format", FallbackPolicy::Restart, "restart"),
+    ];
+    for (case, fallback, expect) in cases {
+        let b = B::start(TTL);
+        let w = World::new(&b);
+        let config = w.config().with_handover(HandoverConfig {
+            flows: FlowsPolicy::Drop,
+            fallback,
+        });
+        let a = w.bot("fb-a", 2, config.clone(), vec![order_form(true)]);
+        assert_eq!(w.say(&a, "f", "order"), "handled");
+        assert_eq!(w.say(&a, "f", "Ann"), "handled");
+        a.shutdown();
+        let _ = (w.next_sent(), w.next_sent());
+        let flows_on_b = match case {
+            "unregistered" => vec![quiz()],
+            "version" => vec![order_form(true).version(2)],
+            _ => vec![order_form(true)],
+        };
+        if case == "garbage" || case == "format" {
+            // Written under a fresh turn so the fenced write is accepted.
+            let r = botmesh::Replica::start("fb-writer", w.coordinator.clone()).expect("writer");
+            let t = r.acquire("f", RECV).expect("turn");
+            let data = if case == "garbage" {
+                "{not json".to_owned()
+            } else {
+                r#"{"format":99,"flow":"order","step":1}"#.to_owned()
+            };
+            assert!(
+                w.coordinator
+                    .write_checkpoint("f", t.fencing_token(), Some(&data))
+                    .expect("write")
+            );
+            t.release().expect("release");
+            r.shutdown();
+        }
+        let c = w.bot("fb-b", 2, config, flows_on_b);
+        assert_eq!(w.say(&c, "f", "Main St"), "handled", "{case} {fallback:?}");
+        match expect {
+            "handler" => {
+                assert_eq!(
+                    recv(&w.handled, "the handler").1,
+                    "Main St",
+                    "{case} {fallback:?}"
+                );
+                w.no_more_sent();
+                assert_eq!(c.metrics().conversations_dropped, 1, "{case} {fallback:?}");
+                // Dropped means deleted: the next message does not try again.
+                assert_eq!(w.coordinator.read_checkpoint("f").expect("read"), None);
+            }
+            _ => {
+                assert_eq!(w.next_sent().1, "name?", "{case} {fallback:?}");
+                assert_eq!(
+                    c.metrics().conversations_restarted,
+                    1,
+                    "{case} {fallback:?}"
+                );
+            }
+        }
+        c.shutdown();
+    }
+}
+
+/// A replica whose in-memory conversation went stale (B handled the chat since)
+/// never continues it: it reads the checkpoint B wrote; with a flow that is not
+/// checkpointed it drops it.
+pub fn stale_conversation_is_never_continued<B: Backend>() {
+    // Persistent: A continues from B's checkpoint, not from its own memory.
+    let b = B::start(TTL);
+    let w = World::new(&b);
+    let a = w.bot("st-a", 2, w.config(), vec![order_form(true)]);
+    let c = w.bot("st-b", 2, w.config(), vec![order_form(true)]);
+    assert_eq!(w.say(&a, "s", "order"), "handled"); // A: name?
+    assert_eq!(w.say(&c, "s", "Ann"), "handled"); // B: address?
+    assert_eq!(w.say(&a, "s", "Main St"), "handled"); // A must answer address?, not name?
+    let sent: Vec<(String, String)> = (0..3).map(|_| w.next_sent()).collect();
+    assert_eq!(
+        sent,
+        vec![
+            ("st-a".to_owned(), "name?".to_owned()),
+            ("st-b".to_owned(), "address?".to_owned()),
+            ("st-a".to_owned(), "confirm?".to_owned())
+        ]
+    );
+    assert_eq!(w.say(&a, "s", "yes"), "handled");
+    assert_eq!(w.next_sent().1, "done Ann Main St");
+    assert!(a.metrics().conversations_stale >= 1);
+    a.shutdown();
+    c.shutdown();
+
+    // Not checkpointed (flows: drop): A's copy is stale once B handled the chat.
+    let b = B::start(TTL);
+    let w = World::new(&b);
+    let a = w.bot("st2-a", 2, w.config(), vec![quiz()]);
+    let c = w.bot("st2-b", 2, w.config(), vec![quiz()]);
+    assert_eq!(w.say(&a, "s", "quiz"), "handled"); // A: a?
+    assert_eq!(w.say(&c, "s", "hello"), "handled"); // B: no conversation, handler
+    assert_eq!(w.say(&a, "s", "1"), "handled"); // A: stale quiz dropped, handler
+    assert_eq!(w.next_sent().1, "a?");
+    w.no_more_sent();
+    assert_eq!(
+        recv(&w.handled, "B's handler"),
+        ("st2-b".into(), "hello".into())
+    );
+    assert_eq!(
+        recv(&w.handled, "A's handler"),
+        ("st2-a".into(), "1".into())
+    );
+    a.shutdown();
+    c.shutdown();
+}
+
+/// A user answering at once, on another replica, reads the state the previous turn
+/// wrote: each message is delivered as soon as the previous one was accepted.
+pub fn quick_answers_read_the_previous_state<B: Backend>() {
+    let b = B::start(TTL);
+    let w = World::new(&b);
+    let a = w.bot("qa-a", 2, w.config(), vec![order_form(true)]);
+    let c = w.bot("qa-b", 2, w.config(), vec![order_form(true)]);
+    let bots = [&a, &c, &a, &c];
+    for (bot, text) in bots.iter().zip(["order", "Ann", "Main St", "yes"]) {
+        bot.intake()
+            .deliver(Message::new("quick", text))
+            .expect("accepted");
+    }
+    for _ in 0..4 {
+        assert_eq!(recv(&w.ended, "an end").2, "handled");
+    }
+    let texts: Vec<String> = (0..4).map(|_| w.next_sent().1).collect();
+    assert_eq!(texts, ["name?", "address?", "confirm?", "done Ann Main St"]);
+    a.shutdown();
+    c.shutdown();
+}
+
+/// A timed step (a reminder after a delay) runs under the chat's turn: never beside
+/// a message handler of the same chat.
+pub fn timed_step_runs_under_the_turn<B: Backend>() {
+    let b = B::start(TTL);
+    let w = World::new(&b);
+    let (ev_tx, ev) = unbounded::<&'static str>();
+    let (gate_tx, gate) = unbounded::<()>();
+    let remind = {
+        let ev_tx = ev_tx.clone();
+        Flow::new("remind")
+            .keywords(["remind"])
+            .delay(Duration::from_millis(200))
+            .action(move |step| {
+                let _ = ev_tx.send("reminder runs");
+                step.send("reminder")?;
+                Ok(())
+            })
+    };
+    let bot = Bot::builder()
+        .id("timed")
+        .workers(2)
+        .coordination(w.config())
+        .flow(remind)
+        .handler(move |_| {
+            let _ = ev_tx.send("handler starts");
+            let _ = gate.recv_timeout(RECV);
+            let _ = ev_tx.send("handler ends");
+            Ok(())
+        })
+        .build()
+        .expect("bot");
+    bot.intake()
+        .deliver(Message::new("t", "remind"))
+        .expect("in");
+    bot.intake().deliver(Message::new("t", "busy")).expect("in");
+    assert_eq!(recv(&ev, "handler start"), "handler starts");
+    // The delay runs out while the handler holds the turn: the wake-up queues for it.
+    let t0 = Instant::now();
+    while bot.metrics().tickets_waiting == 0 {
+        assert!(t0.elapsed() < RECV, "the wake-up never queued");
+        std::thread::yield_now();
+    }
+    gate_tx.send(()).expect("gate");
+    assert_eq!(recv(&ev, "handler end"), "handler ends");
+    assert_eq!(recv(&ev, "reminder"), "reminder runs");
+    bot.shutdown();
+}
+
+/// A delay's next steps run when it ends (the reminder is sent), under a turn.
+pub fn delay_runs_the_next_steps<B: Backend>() {
+    let b = B::start(TTL);
+    let w = World::new(&b);
+    let remind = Flow::new("remind")
+        .keywords(["remind"])
+        .persistent()
+        .answer("soon")
+        .delay(Duration::from_millis(100))
+        .answer("reminder")
+        .ask_for("reply", "still there?");
+    let bot = w.bot("wake", 1, w.config(), vec![remind]);
+    assert_eq!(w.say(&bot, "d", "remind"), "handled");
+    assert_eq!(w.next_sent().1, "soon");
+    assert_eq!(w.next_sent().1, "reminder");
+    assert_eq!(w.next_sent().1, "still there?");
+    // The conversation now waits at the ask; a handover resumes it there.
+    let (_, data) = w
+        .coordinator
+        .read_checkpoint("d")
+        .expect("read")
+        .expect("checkpoint");
+    assert!(data.contains("\"kind\":\"ask\""), "{data}");
+    bot.shutdown();
+}
+
 /// Runs every test above for a backend type.
 macro_rules! suite {
     ($b:ty) => {
@@ -357,6 +656,41 @@ macro_rules! suite {
         fn settle_stops_a_long_step() {
             let _s = conversations::serial();
             conversations::settle_stops_a_long_step::<$b>();
+        }
+        #[test]
+        fn persistent_form_survives_a_crash() {
+            let _s = conversations::serial();
+            conversations::persistent_form_survives_a_crash::<$b>();
+        }
+        #[test]
+        fn non_persistent_flows_follow_the_policy() {
+            let _s = conversations::serial();
+            conversations::non_persistent_flows_follow_the_policy::<$b>();
+        }
+        #[test]
+        fn unresumable_checkpoints_follow_the_fallback() {
+            let _s = conversations::serial();
+            conversations::unresumable_checkpoints_follow_the_fallback::<$b>();
+        }
+        #[test]
+        fn stale_conversation_is_never_continued() {
+            let _s = conversations::serial();
+            conversations::stale_conversation_is_never_continued::<$b>();
+        }
+        #[test]
+        fn quick_answers_read_the_previous_state() {
+            let _s = conversations::serial();
+            conversations::quick_answers_read_the_previous_state::<$b>();
+        }
+        #[test]
+        fn timed_step_runs_under_the_turn() {
+            let _s = conversations::serial();
+            conversations::timed_step_runs_under_the_turn::<$b>();
+        }
+        #[test]
+        fn delay_runs_the_next_steps() {
+            let _s = conversations::serial();
+            conversations::delay_runs_the_next_steps::<$b>();
         }
         #[test]
         fn delay_holds_no_worker() {
