@@ -644,6 +644,113 @@ pub fn delay_runs_the_next_steps<B: Backend>() {
     bot.shutdown();
 }
 
+/// A coordinator whose renewals fail while `cut` is set: a replica partitioned from
+/// the backend (or paused) loses its leases after the TTL.
+struct Partition {
+    inner: Arc<dyn Coordinator>,
+    cut: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Coordinator for Partition {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn lease_ttl(&self) -> Duration {
+        self.inner.lease_ttl()
+    }
+    fn attach(&self, r: &botmesh::ReplicaId, sink: botmesh::coordinator::GrantSink) -> Result<(), botmesh::BackendError> {
+        self.inner.attach(r, sink)
+    }
+    fn detach(&self, r: &botmesh::ReplicaId, h: &[botmesh::coordinator::HeldLease<'_>]) -> Result<(), botmesh::BackendError> {
+        self.inner.detach(r, h)
+    }
+    fn enqueue(&self, q: &botmesh::coordinator::EnqueueRequest<'_>) -> Result<botmesh::coordinator::Enqueued, botmesh::BackendError> {
+        self.inner.enqueue(q)
+    }
+    fn cancel(&self, w: &botmesh::coordinator::Waiting<'_>) -> Result<Option<botmesh::Grant>, botmesh::BackendError> {
+        self.inner.cancel(w)
+    }
+    fn release(&self, l: &botmesh::coordinator::HeldLease<'_>, h: Option<&str>) -> Result<botmesh::coordinator::Released, botmesh::BackendError> {
+        self.inner.release(l, h)
+    }
+    fn renew(
+        &self,
+        r: &botmesh::ReplicaId,
+        l: &[botmesh::coordinator::HeldLease<'_>],
+        w: &[botmesh::coordinator::Waiting<'_>],
+    ) -> Result<botmesh::coordinator::Renewal, botmesh::BackendError> {
+        if self.cut.load(Ordering::SeqCst) {
+            return Err(botmesh::BackendError::new("partitioned (test)"));
+        }
+        self.inner.renew(r, l, w)
+    }
+    fn write_checkpoint(&self, chat: &str, token: u64, data: Option<&str>) -> Result<bool, botmesh::BackendError> {
+        self.inner.write_checkpoint(chat, token, data)
+    }
+    fn read_checkpoint(&self, chat: &str) -> Result<Option<(u64, String)>, botmesh::BackendError> {
+        self.inner.read_checkpoint(chat)
+    }
+}
+
+/// A replica that loses its lease in the middle of a step (partitioned past the TTL)
+/// while B takes the chat and moves the conversation on: when A's step returns, its
+/// sends and its checkpoint write are refused and it keeps nothing; B's progress
+/// stands.
+pub fn deposed_step_is_refused<B: Backend>() {
+    let b = B::start(Duration::from_millis(600));
+    let w = World::new(&b);
+    let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let partitioned: Arc<dyn Coordinator> = Arc::new(Partition {
+        inner: w.coordinator.clone(),
+        cut: cut.clone(),
+    });
+    let (gate_tx, gate) = unbounded::<()>();
+    let (ev_tx, ev) = unbounded::<String>();
+    let flow = move |who: &'static str, gate: Option<Receiver<()>>, ev_tx: Sender<String>| {
+        Flow::new("job")
+            .keywords(["job"])
+            .persistent()
+            .action(move |step| {
+                if let Some(g) = &gate {
+                    let _ = ev_tx.send(format!("{who} in step"));
+                    let _ = g.recv_timeout(RECV);
+                    let refused = step.send("late").is_err();
+                    let _ = ev_tx.send(format!("{who} send refused={refused}"));
+                }
+                step.set("by", who);
+                Ok(())
+            })
+            .ask_for("answer", "next?")
+    };
+    let config_a = CoordinationConfig::new(CoordinatorConfig::Shared(partitioned))
+        .with_settle(Duration::from_secs(60));
+    let a = w.bot("dp-a", 2, config_a, vec![flow("a", Some(gate), ev_tx.clone())]);
+    let c = w.bot("dp-b", 2, w.config(), vec![flow("b", None, ev_tx)]);
+    a.intake().deliver(Message::new("d", "job")).expect("in");
+    assert_eq!(recv(&ev, "A in its step"), "a in step");
+    cut.store(true, Ordering::SeqCst);
+    // B gets the chat once A's lease ran out, and runs the step again (at least once).
+    assert_eq!(w.say(&c, "d", "hello"), "handled");
+    assert_eq!(w.next_sent(), ("dp-b".into(), "next?".into()));
+    cut.store(false, Ordering::SeqCst);
+    gate_tx.send(()).expect("gate");
+    assert_eq!(recv(&ev, "A's send"), "a send refused=true");
+    let (who, text, kind) = recv(&w.ended, "A's message end");
+    assert_eq!((who.as_str(), text.as_str()), ("dp-a", "job"));
+    assert_eq!(kind, "dropped", "A's turn was lost");
+    w.no_more_sent();
+    let (_, data) = w.coordinator.read_checkpoint("d").expect("read").expect("checkpoint");
+    assert!(data.contains("\"by\":\"b\""), "B's checkpoint stands: {data}");
+    // A's next turn on the chat continues from B's checkpoint, not its own copy.
+    assert_eq!(w.say(&a, "d", "42"), "handled");
+    w.no_more_sent();
+    assert!(w.handled.try_recv().is_err(), "42 answered B's ask");
+    let (_, data) = w.coordinator.read_checkpoint("d").expect("read").unwrap_or_default();
+    assert!(!data.contains("next?"), "{data}");
+    a.shutdown();
+    c.shutdown();
+}
+
 /// Runs every test above for a backend type.
 macro_rules! suite {
     ($b:ty) => {
@@ -691,6 +798,11 @@ macro_rules! suite {
         fn delay_runs_the_next_steps() {
             let _s = conversations::serial();
             conversations::delay_runs_the_next_steps::<$b>();
+        }
+        #[test]
+        fn deposed_step_is_refused() {
+            let _s = conversations::serial();
+            conversations::deposed_step_is_refused::<$b>();
         }
         #[test]
         fn delay_holds_no_worker() {
