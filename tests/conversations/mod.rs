@@ -658,19 +658,37 @@ impl Coordinator for Partition {
     fn lease_ttl(&self) -> Duration {
         self.inner.lease_ttl()
     }
-    fn attach(&self, r: &botmesh::ReplicaId, sink: botmesh::coordinator::GrantSink) -> Result<(), botmesh::BackendError> {
+    fn attach(
+        &self,
+        r: &botmesh::ReplicaId,
+        sink: botmesh::coordinator::GrantSink,
+    ) -> Result<(), botmesh::BackendError> {
         self.inner.attach(r, sink)
     }
-    fn detach(&self, r: &botmesh::ReplicaId, h: &[botmesh::coordinator::HeldLease<'_>]) -> Result<(), botmesh::BackendError> {
+    fn detach(
+        &self,
+        r: &botmesh::ReplicaId,
+        h: &[botmesh::coordinator::HeldLease<'_>],
+    ) -> Result<(), botmesh::BackendError> {
         self.inner.detach(r, h)
     }
-    fn enqueue(&self, q: &botmesh::coordinator::EnqueueRequest<'_>) -> Result<botmesh::coordinator::Enqueued, botmesh::BackendError> {
+    fn enqueue(
+        &self,
+        q: &botmesh::coordinator::EnqueueRequest<'_>,
+    ) -> Result<botmesh::coordinator::Enqueued, botmesh::BackendError> {
         self.inner.enqueue(q)
     }
-    fn cancel(&self, w: &botmesh::coordinator::Waiting<'_>) -> Result<Option<botmesh::Grant>, botmesh::BackendError> {
+    fn cancel(
+        &self,
+        w: &botmesh::coordinator::Waiting<'_>,
+    ) -> Result<Option<botmesh::Grant>, botmesh::BackendError> {
         self.inner.cancel(w)
     }
-    fn release(&self, l: &botmesh::coordinator::HeldLease<'_>, h: Option<&str>) -> Result<botmesh::coordinator::Released, botmesh::BackendError> {
+    fn release(
+        &self,
+        l: &botmesh::coordinator::HeldLease<'_>,
+        h: Option<&str>,
+    ) -> Result<botmesh::coordinator::Released, botmesh::BackendError> {
         self.inner.release(l, h)
     }
     fn renew(
@@ -684,7 +702,12 @@ impl Coordinator for Partition {
         }
         self.inner.renew(r, l, w)
     }
-    fn write_checkpoint(&self, chat: &str, token: u64, data: Option<&str>) -> Result<bool, botmesh::BackendError> {
+    fn write_checkpoint(
+        &self,
+        chat: &str,
+        token: u64,
+        data: Option<&str>,
+    ) -> Result<bool, botmesh::BackendError> {
         self.inner.write_checkpoint(chat, token, data)
     }
     fn read_checkpoint(&self, chat: &str) -> Result<Option<(u64, String)>, botmesh::BackendError> {
@@ -724,7 +747,12 @@ pub fn deposed_step_is_refused<B: Backend>() {
     };
     let config_a = CoordinationConfig::new(CoordinatorConfig::Shared(partitioned))
         .with_settle(Duration::from_secs(60));
-    let a = w.bot("dp-a", 2, config_a, vec![flow("a", Some(gate), ev_tx.clone())]);
+    let a = w.bot(
+        "dp-a",
+        2,
+        config_a,
+        vec![flow("a", Some(gate), ev_tx.clone())],
+    );
     let c = w.bot("dp-b", 2, w.config(), vec![flow("b", None, ev_tx)]);
     a.intake().deliver(Message::new("d", "job")).expect("in");
     assert_eq!(recv(&ev, "A in its step"), "a in step");
@@ -739,13 +767,24 @@ pub fn deposed_step_is_refused<B: Backend>() {
     assert_eq!((who.as_str(), text.as_str()), ("dp-a", "job"));
     assert_eq!(kind, "dropped", "A's turn was lost");
     w.no_more_sent();
-    let (_, data) = w.coordinator.read_checkpoint("d").expect("read").expect("checkpoint");
-    assert!(data.contains("\"by\":\"b\""), "B's checkpoint stands: {data}");
+    let (_, data) = w
+        .coordinator
+        .read_checkpoint("d")
+        .expect("read")
+        .expect("checkpoint");
+    assert!(
+        data.contains("\"by\":\"b\""),
+        "B's checkpoint stands: {data}"
+    );
     // A's next turn on the chat continues from B's checkpoint, not its own copy.
     assert_eq!(w.say(&a, "d", "42"), "handled");
     w.no_more_sent();
     assert!(w.handled.try_recv().is_err(), "42 answered B's ask");
-    let (_, data) = w.coordinator.read_checkpoint("d").expect("read").unwrap_or_default();
+    let (_, data) = w
+        .coordinator
+        .read_checkpoint("d")
+        .expect("read")
+        .unwrap_or_default();
     assert!(!data.contains("next?"), "{data}");
     a.shutdown();
     c.shutdown();
