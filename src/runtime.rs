@@ -913,17 +913,22 @@ impl Shared {
             g.turn = Some(turn);
             g.message = message.clone();
             g.stored = live.stored;
+            // A cut before the first boundary puts back the conversation as it is now.
+            g.snapshot = live.conversation.clone();
         }
-        self.timer_add(
-            Instant::now() + flows.settle.min(CoordinationConfig::MAX_DURATION),
-            TimerJob::Cut {
-                slot: Arc::downgrade(&slot),
-                chat: chat.clone(),
-                token,
-                worker,
-                waited,
-            },
-        );
+        if live.conversation.as_ref().is_some_and(|c| c.at == At::Run) {
+            // Only a run that has steps to run can outlast settle.
+            self.timer_add(
+                Instant::now() + flows.settle.min(CoordinationConfig::MAX_DURATION),
+                TimerJob::Cut {
+                    slot: Arc::downgrade(&slot),
+                    chat: chat.clone(),
+                    token,
+                    worker,
+                    waited,
+                },
+            );
+        }
         let outbox = |text: &str| -> Result<(), ProviderError> {
             let held = slot
                 .inner
@@ -1046,12 +1051,8 @@ impl Shared {
         if let Some(flows) = &self.flows
             && turn.as_ref().is_some_and(|t| !t.is_lost())
         {
-            let conversation = snapshot.map(|mut c| {
-                if c.at != At::Ask {
-                    c.at = At::Run;
-                }
-                c
-            });
+            // As saved at the last boundary: the stopped step runs again.
+            let conversation = snapshot;
             flows.put(
                 chat,
                 token,
