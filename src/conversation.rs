@@ -609,6 +609,18 @@ impl Flows {
                     if run.slot.control.is_cancelled() {
                         return StepsEnd::Cut;
                     }
+                    if run
+                        .slot
+                        .inner
+                        .lock()
+                        .turn
+                        .as_ref()
+                        .is_none_or(Turn::is_lost)
+                    {
+                        // Whatever it returned (a refused send is an error), the
+                        // step runs again wherever the chat goes next.
+                        return StepsEnd::Stale;
+                    }
                     let failure = match result {
                         Ok(Ok(())) => None,
                         Ok(Err(e)) => Some(e.to_string()),
@@ -659,6 +671,11 @@ impl Flows {
         let mut slot = run.slot.inner.lock();
         if slot.cut {
             return StepsEnd::Cut;
+        }
+        if slot.turn.as_ref().is_none_or(Turn::is_lost) {
+            // The lease ran out (by this replica's clock, or a refused renewal):
+            // another replica may hold the chat; this copy must not be written.
+            return StepsEnd::Stale;
         }
         slot.snapshot = live.conversation.clone();
         let saved = self.save(chat, run.token, live, run.store);

@@ -262,10 +262,11 @@ pub trait Coordinator: Send + Sync + 'static {
     ) -> Result<Renewal, BackendError>;
 
     /// Stores the chat's conversation checkpoint (`Some(data)`) or deletes it
-    /// (`None`), fenced by `token`: the write is refused, and `Ok(false)` returned,
-    /// when `token` is older than the chat's latest grant or than the token of the
-    /// checkpoint already stored (fencing tokens: Kleppmann 2016). `Ok(true)` when the
-    /// write was applied. A stored checkpoint is kept for [`CHECKPOINT_TTL`] after its
+    /// (`None`), fenced by `token` (fencing tokens: Kleppmann 2016): the write is
+    /// applied (`Ok(true)`) only when `token` is the token of the chat's current,
+    /// unexpired lease and not older than the stored checkpoint's; otherwise it is
+    /// refused (`Ok(false)`): a holder whose lease ran out, even if nobody took the
+    /// chat since, writes nothing. A stored checkpoint is kept for [`CHECKPOINT_TTL`] after its
     /// last write, also while the chat is idle.
     ///
     /// # Errors

@@ -331,20 +331,19 @@ impl Coordinator for MemoryCoordinator {
     ) -> Result<bool, BackendError> {
         let now = Instant::now();
         let mut shard = self.shard(chat).lock();
-        let granted = shard.chats.get(chat).and_then(|c| match &c.holder {
-            Some(h) => Some(h.token),
-            None => c.previous.as_ref().map(|p| p.token),
-        });
+        // Only the live holder of the latest grant writes: an older token, or the
+        // latest one whose lease ran out, is refused.
+        let held = shard
+            .chats
+            .get(chat)
+            .and_then(|c| c.holder.as_ref())
+            .is_some_and(|h| h.token == token && h.lease_until >= now);
         let stored = shard
             .checkpoints
             .get(chat)
             .filter(|c| c.expires >= now)
             .map(|c| c.token);
-        if granted
-            .into_iter()
-            .chain(stored)
-            .any(|latest| token < latest)
-        {
+        if !held || stored.is_some_and(|latest| token < latest) {
             return Ok(false);
         }
         match data {

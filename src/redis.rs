@@ -159,16 +159,15 @@ if m and redis.call('GET', m) == t then redis.call('DEL', m) end
 return {'cancelled'}
 "#;
 
-/// Writes or deletes a chat's checkpoint (KEYS l, c; ARGV token, ttl ms, data):
-/// refused (0) when the token is older than the chat's latest grant (`l`) or than
-/// the stored checkpoint's token. Stored as `token NUL data`.
+/// Writes or deletes a chat's checkpoint (KEYS h, c; ARGV token, ttl ms, data):
+/// refused (0) unless the chat's live holder (`h`, whose PX is the lease) has this
+/// token, or when the stored checkpoint's token is newer. Stored as `token NUL data`.
 const WRITE_CHECKPOINT: &str = r#"
 local token = tonumber(ARGV[1])
-local last = redis.call('GET', KEYS[1])
-if last then
-  local k = tonumber(string.match(last, '^[^%z]*'))
-  if k and token < k then return 0 end
-end
+local hv = redis.call('GET', KEYS[1])
+if not hv then return 0 end
+local k = tonumber(string.match(hv, '^[^%z]*%z([^%z]*)'))
+if k ~= token then return 0 end
 local cur = redis.call('GET', KEYS[2])
 if cur then
   local k = tonumber(string.match(cur, '^[^%z]*'))
@@ -732,7 +731,7 @@ impl Coordinator for RedisCoordinator {
     ) -> Result<bool, BackendError> {
         let keys = ChatKeys::new(&self.options.key_prefix, chat);
         let mut inv = self.scripts.write_checkpoint.prepare_invoke();
-        inv.key(keys.key("l"))
+        inv.key(keys.key("h"))
             .key(keys.key("c"))
             .arg(token)
             .arg(u64::try_from(CHECKPOINT_TTL.as_millis()).unwrap_or(u64::MAX));
@@ -750,15 +749,14 @@ impl Coordinator for RedisCoordinator {
         let Some(value) = value else { return Ok(None) };
         let parsed = value.iter().position(|&b| b == 0).and_then(|i| {
             let token = std::str::from_utf8(&value[..i]).ok()?.parse().ok()?;
-            let data = String::from_utf8(value[i + 1..].to_vec()).ok()?;
-            Some((token, data))
+            Some((token, String::from_utf8_lossy(&value[i + 1..]).into_owned()))
         });
-        match parsed {
-            Some(p) => Ok(Some(p)),
-            None => Err(BackendError::new(format!(
-                "the checkpoint of chat {chat:?} in Redis is not in botmesh's format"
-            ))),
-        }
+        // A value not in botmesh's layout (written by hand, or by another program) is
+        // handed on as it is, with token 0: it will not parse as a checkpoint, and
+        // the `fallback` policy deals with it instead of the chat being blocked.
+        Ok(Some(parsed.unwrap_or_else(|| {
+            (0, String::from_utf8_lossy(&value).into_owned())
+        })))
     }
 
     fn cancel(&self, w: &Waiting<'_>) -> Result<Option<Grant>, BackendError> {

@@ -826,22 +826,36 @@ pub fn checkpoint_fencing<H: Harness>() {
             .expect("write b")
     );
     assert!(!c.write_checkpoint(chat, old, None).expect("stale delete"));
+    // Large and binary-looking data round-trips.
+    let big = "x\u{0}y{}".repeat(10_000);
+    assert!(c.write_checkpoint(chat, new, Some(&big)).expect("big"));
+    assert_eq!(c.read_checkpoint(chat).expect("read"), Some((new, big)));
+    assert!(
+        c.write_checkpoint(chat, new, Some("from b"))
+            .expect("write b")
+    );
     tb.release().expect("release b");
-    // Still refused once the chat is idle: the last grant is remembered.
+    // Once released, even the latest token writes nothing (its lease is over), and
+    // the older one still nothing.
     assert!(
         !c.write_checkpoint(chat, old, Some("late a"))
+            .expect("late write")
+    );
+    assert!(
+        !c.write_checkpoint(chat, new, Some("late b"))
             .expect("late write")
     );
     assert_eq!(
         c.read_checkpoint(chat).expect("read"),
         Some((new, "from b".to_owned()))
     );
-    // Large and binary-looking data round-trips.
-    let big = "x\u{0}y{}".repeat(10_000);
-    assert!(c.write_checkpoint(chat, new, Some(&big)).expect("big"));
-    assert_eq!(c.read_checkpoint(chat).expect("read"), Some((new, big)));
-    assert!(c.write_checkpoint(chat, new, None).expect("delete"));
+    let tb = b.acquire(chat, LONG).expect("b again");
+    assert!(
+        c.write_checkpoint(chat, tb.fencing_token(), None)
+            .expect("delete")
+    );
     assert_eq!(c.read_checkpoint(chat).expect("read"), None);
+    tb.release().expect("release");
     a.shutdown();
     b.shutdown();
 }

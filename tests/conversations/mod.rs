@@ -340,7 +340,10 @@ pub fn settle_stops_a_long_step<B: Backend>() {
         .read_checkpoint("s")
         .expect("read")
         .expect("a checkpoint");
-    assert!(data.contains("\"step\":0") && !data.contains("touched"), "{data}");
+    assert!(
+        data.contains("\"step\":0") && !data.contains("touched"),
+        "{data}"
+    );
     // The chat's next message runs the stopped step again, from the saved state.
     intake.deliver(Message::new("s", "again")).expect("in");
     assert_eq!(recv(&ev, "run 2"), "run 2");
