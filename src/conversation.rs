@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{FallbackPolicy, FlowsPolicy, HandoverConfig};
 use crate::coordinator::Token;
-use crate::flow::{Answer, Cancelled, Capture, Flow, State, Step, StepContext, words};
+use crate::flow::{Answer, Cancelled, Capture, Flow, State, Step, StepContext, Trigger, words};
 use crate::metrics::{Metrics, inc};
 use crate::turn::Turn;
 
@@ -157,24 +157,41 @@ impl Control {
         self.cv.notify_all();
     }
 
-    pub(crate) fn sleep(&self, duration: Duration) -> Result<(), Cancelled> {
-        let deadline = Instant::now().checked_add(duration);
+    /// Waits until `deadline` or a cancellation, at most `slice` at a time (so that
+    /// the caller can check for a lost lease, which nobody notifies). Returns whether
+    /// the deadline passed.
+    fn wait(&self, deadline: Instant, slice: Duration) -> bool {
         let mut g = self.lock.lock();
+        if self.is_cancelled() {
+            return false;
+        }
+        let until = deadline.min(Instant::now() + slice);
+        self.cv.wait_until(&mut g, until);
+        Instant::now() >= deadline
+    }
+}
+
+impl RunSlot {
+    /// Cancelled by a settle cut, or the turn's lease was lost.
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.control.is_cancelled() || self.inner.lock().turn.as_ref().is_none_or(Turn::is_lost)
+    }
+
+    pub(crate) fn sleep(&self, duration: Duration) -> Result<(), Cancelled> {
+        const SLICE: Duration = Duration::from_millis(50);
+        let deadline = Instant::now()
+            .checked_add(duration)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600));
         loop {
             if self.is_cancelled() {
                 return Err(Cancelled);
             }
-            match deadline {
-                Some(d) => {
-                    if self.cv.wait_until(&mut g, d).timed_out() {
-                        return if self.is_cancelled() {
-                            Err(Cancelled)
-                        } else {
-                            Ok(())
-                        };
-                    }
-                }
-                None => self.cv.wait(&mut g),
+            if self.control.wait(deadline, SLICE) {
+                return if self.is_cancelled() {
+                    Err(Cancelled)
+                } else {
+                    Ok(())
+                };
             }
         }
     }
@@ -248,6 +265,18 @@ impl Flows {
             }
         }
         for f in &flows {
+            if let Some(k) = f.bad_keywords.first() {
+                return Err(format!(
+                    "flow {:?}: keyword {k:?} has no letter or digit, so it can never match",
+                    f.name
+                ));
+            }
+            if f.trigger == Trigger::Keywords(Vec::new()) {
+                return Err(format!(
+                    "flow {:?}: keywords([]) is empty; give at least one keyword",
+                    f.name
+                ));
+            }
             for (i, s) in f.steps.iter().enumerate() {
                 if let Step::Goto(target) = s
                     && !by_name.contains_key(target)
@@ -258,6 +287,43 @@ impl Flows {
                     ));
                 }
             }
+        }
+        if settle.is_zero() {
+            return Err(
+                "settleMs: 0 leaves flow steps no time to run (every step after a \
+                 message would be stopped at once); give it at least the time of your \
+                 slowest step"
+                    .to_owned(),
+            );
+        }
+        if coordinated && handover.flows == FlowsPolicy::Drop {
+            // The coordinator remembers a chat's last holder for HISTORY; after that a
+            // copy in memory cannot be told current, so only a checkpoint carries a
+            // conversation over such a wait.
+            for f in flows.iter().filter(|f| !f.persistent) {
+                for (i, s) in f.steps.iter().enumerate() {
+                    if let Step::Delay(d) = s
+                        && *d > crate::memory::HISTORY
+                    {
+                        return Err(format!(
+                            "flow {:?} step {i} (delay {}): longer than {}, the longest a \
+                             conversation that is not persistent survives between turns \
+                             under coordination; mark the flow .persistent() or use \
+                             handover flows: resume",
+                            f.name,
+                            humantime::format_duration(*d),
+                            humantime::format_duration(crate::memory::HISTORY)
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(cycle) = goto_cycle(&flows, &by_name) {
+            return Err(format!(
+                "flows: {} go to each other without an ask or a delay between them, so \
+                 a conversation would loop until settle stops it; add a wait",
+                cycle.join(" -> ")
+            ));
         }
         Ok(Flows {
             flows,
@@ -456,7 +522,18 @@ impl Flows {
             }
         }
         let w = words(text);
-        match self.flows.iter().position(|f| f.triggered_by(&w)) {
+        // Keyword flows first, whatever the order of registration: a catch-all must
+        // not hide them.
+        let keyword = self
+            .flows
+            .iter()
+            .position(|f| f.trigger != Trigger::CatchAll && f.triggered_by(&w));
+        let any = keyword.or_else(|| {
+            self.flows
+                .iter()
+                .position(|f| f.trigger == Trigger::CatchAll)
+        });
+        match any {
             Some(i) => Route::Start(i),
             None => Route::Handler,
         }
@@ -498,6 +575,10 @@ impl Flows {
             Ok(Capture::Retry(text)) => {
                 c.state = state;
                 Ok(Some(text))
+            }
+            Ok(Capture::End) => {
+                live.conversation = None;
+                Ok(None)
             }
             Ok(Capture::Goto(name)) => match self.index_of(&name) {
                 Some(i) => {
@@ -602,7 +683,7 @@ impl Flows {
                         action(&mut StepContext {
                             chat,
                             state: &mut state,
-                            control: &run.slot.control,
+                            run: run.slot,
                             outbox: run.outbox,
                         })
                     }));
@@ -713,6 +794,40 @@ pub(crate) struct SlotInner {
     pub(crate) stored: bool,
     pub(crate) turn: Option<Turn>,
     pub(crate) message: Option<std::sync::Arc<crate::message::Message>>,
+}
+
+/// A cycle of flows that reach each other by `goto` with no wait on the way, as the
+/// names along it (first repeated at the end), if there is one.
+fn goto_cycle(flows: &[Flow], by_name: &HashMap<String, usize>) -> Option<Vec<String>> {
+    // Each flow has at most one such edge: its first goto, if no wait comes before.
+    let next: Vec<Option<usize>> = flows
+        .iter()
+        .map(|f| {
+            f.steps
+                .iter()
+                .find_map(|s| match s {
+                    Step::Ask { .. } | Step::Delay(_) | Step::End => Some(None),
+                    Step::Goto(t) => Some(by_name.get(t).copied()),
+                    _ => None,
+                })
+                .flatten()
+        })
+        .collect();
+    for start in 0..flows.len() {
+        let mut path = vec![start];
+        let mut at = start;
+        while let Some(n) = next[at] {
+            if let Some(pos) = path.iter().position(|&p| p == n) {
+                let mut names: Vec<String> =
+                    path[pos..].iter().map(|&i| flows[i].name.clone()).collect();
+                names.push(flows[n].name.clone());
+                return Some(names);
+            }
+            path.push(n);
+            at = n;
+        }
+    }
+    None
 }
 
 /// What a run of steps needs from the runtime.

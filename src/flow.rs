@@ -35,7 +35,19 @@
 //!     });
 //! let cancelled = Flow::new("cancelled").answer("Order cancelled.");
 //!
-//! let bot = Bot::builder().flow(order).flow(cancelled).build()?;
+//! # struct Telegram;
+//! # impl botmesh::Provider for Telegram {
+//! #     fn id(&self) -> &str { "telegram" }
+//! #     fn start(&self, _: botmesh::Intake) -> Result<(), botmesh::ProviderError> { Ok(()) }
+//! #     fn stop(&self) {}
+//! #     fn send(&self, _: &str, _: &str) -> Result<(), botmesh::ProviderError> { Ok(()) }
+//! # }
+//! // Flows send through the bot's provider (your transport).
+//! let bot = Bot::builder()
+//!     .provider(std::sync::Arc::new(Telegram))
+//!     .flow(order)
+//!     .flow(cancelled)
+//!     .build()?;
 //! # bot.shutdown();
 //! # Ok::<(), botmesh::StartError>(())
 //! ```
@@ -93,6 +105,9 @@ pub enum Capture {
     /// Leave this flow and continue with the named flow's first step (the state is
     /// kept). An unknown name ends the conversation and is reported.
     Goto(String),
+    /// End the conversation here (e.g. the user typed "cancel"); its checkpoint is
+    /// deleted.
+    End,
 }
 
 /// The answer to an `ask`, as its capture callback sees it.
@@ -136,7 +151,7 @@ impl Answer<'_> {
     }
 }
 
-/// An action step was stopped: its `settle` time ran out (or the bot is stopping).
+/// An action step was stopped: its `settle` time ran out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cancelled;
 
@@ -156,7 +171,7 @@ impl std::error::Error for Cancelled {}
 pub struct StepContext<'a> {
     pub(crate) chat: &'a str,
     pub(crate) state: &'a mut State,
-    pub(crate) control: &'a crate::conversation::Control,
+    pub(crate) run: &'a crate::conversation::RunSlot,
     pub(crate) outbox: &'a dyn Fn(&str) -> Result<(), ProviderError>,
 }
 
@@ -190,10 +205,11 @@ impl StepContext<'_> {
         self.state.insert(key.to_owned(), value.into());
     }
 
-    /// Whether the step was stopped (its `settle` time ran out). Check it before side
-    /// effects that must not happen after the chat moved on.
+    /// Whether the step was stopped: its `settle` time ran out, or the chat's turn was
+    /// lost (the lease lapsed, so another replica may run this step too). Check it
+    /// before side effects that must not happen after the chat moved on.
     pub fn is_cancelled(&self) -> bool {
-        self.control.is_cancelled()
+        self.run.is_cancelled()
     }
 
     /// Sends `text` to the chat.
@@ -211,14 +227,15 @@ impl StepContext<'_> {
         (self.outbox)(text)
     }
 
-    /// Sleeps for `duration`, waking early when the step is stopped. Holds the worker
+    /// Sleeps for `duration`, waking early when the step is stopped (at once for a
+    /// `settle` cut; within 50 ms when the turn's lease is lost). Holds the worker
     /// thread meanwhile (bounded by `settle`): to wait without a thread, end the action
     /// and put a [`Flow::delay`] step after it.
     ///
     /// # Errors
     /// [`Cancelled`] when the step was stopped before or during the sleep.
     pub fn sleep(&self, duration: Duration) -> Result<(), Cancelled> {
-        self.control.sleep(duration)
+        self.run.sleep(duration)
     }
 }
 
@@ -267,6 +284,8 @@ pub struct Flow {
     pub(crate) steps: Vec<Step>,
     pub(crate) persistent: bool,
     pub(crate) version: u32,
+    /// Keywords without a letter or digit (refused by `build`).
+    pub(crate) bad_keywords: Vec<String>,
 }
 
 impl fmt::Debug for Flow {
@@ -294,11 +313,14 @@ impl Flow {
             steps: Vec::new(),
             persistent: false,
             version: 1,
+            bad_keywords: Vec::new(),
         }
     }
 
     /// Starts the flow when a message contains one of `keywords` as whole words,
     /// ignoring case and accents (`"Pedido"`, `"quiero un PÉDIDO"` match `"pedido"`).
+    /// A word is a run of letters and digits; a keyword with none (`""`, `"!!!"`) or
+    /// an empty list is refused by `build`.
     /// Flows are tried in the order they were registered; a conversation waiting for
     /// an answer takes the chat's messages first.
     pub fn keywords<I, S>(mut self, keywords: I) -> Self
@@ -306,12 +328,17 @@ impl Flow {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let words: Vec<Vec<String>> = keywords
-            .into_iter()
-            .map(|k| words(k.as_ref()))
-            .filter(|w| !w.is_empty())
-            .collect();
-        self.trigger = Trigger::Keywords(words);
+        let mut list = Vec::new();
+        for k in keywords {
+            let w = words(k.as_ref());
+            if w.is_empty() {
+                // Reported by `build`: such a keyword could never match.
+                self.bad_keywords.push(k.as_ref().to_owned());
+            } else {
+                list.push(w);
+            }
+        }
+        self.trigger = Trigger::Keywords(list);
         self
     }
 

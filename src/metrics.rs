@@ -78,7 +78,8 @@ impl Metrics {
 /// A point-in-time copy of one replica's counters (monotonic totals) and gauges.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MetricsSnapshot {
-    /// Messages taken in (duplicates not included).
+    /// Messages taken in (duplicates not included), plus wake-ups of conversations
+    /// whose `delay` ran out (they queue for the chat's turn like a message).
     pub accepted: u64,
     /// Turns granted to this replica.
     pub turns_granted: u64,

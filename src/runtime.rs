@@ -257,6 +257,12 @@ impl BotBuilder {
     /// stopped again then).
     pub fn build(self) -> Result<Bot, StartError> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
+        if !self.flows.is_empty() && self.providers.is_empty() {
+            return Err(StartError::Config(ConfigError::new(
+                "provider: missing; flows send their answers and prompts through a provider, \
+                 add one with .provider(…)",
+            )));
+        }
         if self.handler.is_none() && self.flows.is_empty() {
             return Err(StartError::Config(ConfigError::new(
                 "handler: missing; set one with .handler(…) or register flows with .flow(…)",
@@ -561,6 +567,9 @@ impl Drop for Bot {
     }
 }
 
+/// Work a replacement worker does before it joins the pool.
+type FirstTask = Box<dyn FnOnce(&Shared) + Send>;
+
 /// Work for a worker, under a turn.
 enum Job {
     /// A message taken in.
@@ -655,16 +664,37 @@ struct Shared {
 
 impl Shared {
     fn spawn_worker(self: &Arc<Self>) -> std::io::Result<()> {
+        self.spawn_worker_with(None).map_err(|(e, _)| e)
+    }
+
+    /// Starts a worker that first runs `first`. On failure `first` comes back, so the
+    /// caller can run it itself.
+    fn spawn_worker_with(
+        self: &Arc<Self>,
+        first: Option<FirstTask>,
+    ) -> Result<(), (std::io::Error, Option<FirstTask>)> {
         let n = self.next_worker.fetch_add(1, Ordering::Relaxed);
         let s = self.clone();
         // The map is locked across the spawn so the thread cannot retire before its
         // handle is in the map.
         let mut workers = self.workers.lock();
-        let t = std::thread::Builder::new()
+        let slot = Arc::new(Mutex::new(first));
+        let task = slot.clone();
+        let spawned = std::thread::Builder::new()
             .name(format!("botmesh-worker-{}-{n}", self.replica.id))
-            .spawn(move || s.worker_loop(n))?;
-        workers.insert(n, t);
-        Ok(())
+            .spawn(move || {
+                if let Some(f) = task.lock().take() {
+                    f(&s);
+                }
+                s.worker_loop(n)
+            });
+        match spawned {
+            Ok(t) => {
+                workers.insert(n, t);
+                Ok(())
+            }
+            Err(e) => Err((e, slot.lock().take())),
+        }
     }
 
     fn deliver(
@@ -819,12 +849,14 @@ impl Shared {
         (failure, ctx.start.into_inner())
     }
 
-    /// Sends `text` to `chat` through the bot's provider.
+    /// Sends `text` to `chat` through the bot's provider. A panicking provider is
+    /// reported as an error, so that the worker and the message's end survive it.
     fn send(&self, chat: &str, text: &str) -> Result<(), ProviderError> {
-        match &self.provider {
-            Some(p) => p.send(chat, text),
-            None => Err(ProviderError("the bot has no provider to send with".into())),
-        }
+        let Some(p) = &self.provider else {
+            return Err(ProviderError("the bot has no provider to send with".into()));
+        };
+        catch_unwind(AssertUnwindSafe(|| p.send(chat, text)))
+            .unwrap_or_else(|panic| Err(ProviderError(panic_text("the provider's send", &panic))))
     }
 
     /// Runs a job of a bot with flows: the message feeds the chat's conversation (or a
@@ -871,7 +903,14 @@ impl Shared {
             (Some(m), _) => match flows.route(&live, &m.text) {
                 Route::Capture => match flows.capture(&mut live, m) {
                     Ok(Some(retry)) => {
-                        if let Err(e) = self.send(&chat, &retry) {
+                        let sent = if turn.is_lost() {
+                            Err(ProviderError(format!(
+                                "send refused: the turn on chat {chat:?} was lost"
+                            )))
+                        } else {
+                            self.send(&chat, &retry)
+                        };
+                        if let Err(e) = sent {
                             log::warn!(target: "botmesh::conversation", "chat {chat:?}: send failed: {e}");
                         }
                     }
@@ -1047,7 +1086,16 @@ impl Shared {
             (g.turn.take(), g.message.take(), g.snapshot.take(), g.stored)
         };
         inc(&self.metrics.steps_stopped);
-        log::warn!(target: "botmesh::conversation", "chat {chat:?}: a step ran past settle and was stopped; it runs again on the chat's next message");
+        let at = snapshot
+            .as_ref()
+            .map(|c| format!("step {} of flow {:?}", c.step, c.flow))
+            .unwrap_or_else(|| "a step".to_owned());
+        let stopped = Error::Flow {
+            chat: chat.to_owned(),
+            message: format!(
+                "{at} ran past settle and was stopped; it runs again on the chat's next message"
+            ),
+        };
         if let Some(flows) = &self.flows
             && turn.as_ref().is_some_and(|t| !t.is_lost())
         {
@@ -1062,14 +1110,24 @@ impl Shared {
                 },
             );
         }
+        // The release and the hooks may be slow (a backend call, user code): they run
+        // on the replacement worker, not on the timer thread that cuts other chats.
+        let finish = move |me: &Shared| {
+            log::warn!(target: "botmesh::conversation", "{stopped}");
+            me.call_error_hook(&stopped);
+            match turn {
+                Some(turn) => me.finish_turn(message.as_deref(), turn, None, waited),
+                None => me.end_job(message.as_deref(), Outcome::Handled { token, waited }),
+            }
+        };
         // The stuck thread leaves the pool when its step returns; it is not joined.
         drop(self.workers.lock().remove(&worker));
-        if let Err(e) = self.spawn_worker() {
+        let first: FirstTask = Box::new(finish);
+        if let Err((e, first)) = self.spawn_worker_with(Some(first)) {
             log::error!(target: "botmesh::runtime", "cannot replace a worker stuck in a stopped step: {e}");
-        }
-        match turn {
-            Some(turn) => self.finish_turn(message.as_deref(), turn, None, waited),
-            None => self.end_job(message.as_deref(), Outcome::Handled { token, waited }),
+            if let Some(f) = first {
+                f(self);
+            }
         }
     }
 

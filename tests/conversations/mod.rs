@@ -602,6 +602,10 @@ pub fn timed_step_runs_under_the_turn<B: Backend>() {
         .id("timed")
         .workers(2)
         .coordination(w.config())
+        .provider(Arc::new(Outbox {
+            replica: "timed".into(),
+            tx: w.sent_tx.clone(),
+        }))
         .flow(remind)
         .handler(move |_| {
             let _ = ev_tx.send("handler starts");
@@ -746,7 +750,10 @@ pub fn deposed_step_is_refused<B: Backend>() {
                     let _ = ev_tx.send(format!("{who} in step"));
                     let _ = g.recv_timeout(RECV);
                     let refused = step.send("late").is_err();
-                    let _ = ev_tx.send(format!("{who} send refused={refused}"));
+                    let cancelled = step.is_cancelled();
+                    let _ = ev_tx.send(format!(
+                        "{who} send refused={refused} cancelled={cancelled}"
+                    ));
                 }
                 step.set("by", who);
                 Ok(())
@@ -770,7 +777,7 @@ pub fn deposed_step_is_refused<B: Backend>() {
     assert_eq!(w.next_sent(), ("dp-b".into(), "next?".into()));
     cut.store(false, Ordering::SeqCst);
     gate_tx.send(()).expect("gate");
-    assert_eq!(recv(&ev, "A's send"), "a send refused=true");
+    assert_eq!(recv(&ev, "A's send"), "a send refused=true cancelled=true");
     let (who, text, kind) = recv(&w.ended, "A's message end");
     assert_eq!((who.as_str(), text.as_str()), ("dp-a", "job"));
     assert_eq!(kind, "dropped", "A's turn was lost");
