@@ -940,7 +940,17 @@ impl Shared {
                 if let Some(c) = live.conversation.as_mut()
                     && c.at == (At::Delay { wake_at_ms: at })
                 {
-                    c.at = At::Run;
+                    let now = now_ms();
+                    if now >= at {
+                        c.at = At::Run;
+                    } else {
+                        // The timer is clamped to MAX_DURATION (~24.8 days): wait again.
+                        let left = Duration::from_millis(at - now);
+                        self.timer_add(
+                            Instant::now() + left.min(CoordinationConfig::MAX_DURATION),
+                            TimerJob::Wake(chat.clone(), at),
+                        );
+                    }
                 }
             }
             (None, None) => {}
