@@ -60,6 +60,7 @@
 pub mod config;
 pub mod coordinator;
 mod error;
+mod leadership;
 pub mod lease;
 pub mod memory;
 mod message;
@@ -80,7 +81,9 @@ pub use error::{CoordinationUnavailableError, Error, HandlerError, Reason};
 pub use memory::MemoryCoordinator;
 pub use message::{Message, Outcome};
 pub use metrics::{MetricsSnapshot, WAIT_BUCKETS};
-pub use provider::{Capabilities, Provider, ProviderError};
+pub use provider::{
+    Capabilities, CloseReason, Provider, ProviderError, Session, Status, StatusSender,
+};
 pub use replica::{Accepted, Replica};
 pub use runtime::{Bot, BotBuilder, Context, Intake, StartError};
 pub use turn::Turn;

@@ -84,9 +84,12 @@ impl std::fmt::Debug for Turn {
 }
 
 impl Turn {
-    /// The chat this turn is on.
+    /// The chat this turn is on, as it was given to [`Replica::acquire`] or in the
+    /// message.
+    ///
+    /// [`Replica::acquire`]: crate::Replica::acquire
     pub fn chat(&self) -> &str {
-        &self.state.chat
+        crate::replica::shown_chat(&self.state.chat)
     }
 
     /// The id of the replica holding the turn.
