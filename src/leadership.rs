@@ -51,8 +51,9 @@ pub(crate) fn lease_name(provider: &str) -> String {
 }
 
 /// How often a leader checks its lease by its own clock: a lease marked lost by the
-/// renewal thread is noticed within this period, and one that ran out while the
-/// process was paused is noticed as soon as the thread runs again.
+/// renewal thread is noticed within this period, one that ran out while the process
+/// was paused as soon as the thread runs again. A leader also gives the transport up
+/// this long before its lease would run out unrenewed.
 fn watch_period(ttl: Duration) -> Duration {
     (ttl / 10).clamp(Duration::from_millis(1), Duration::from_millis(100))
 }
@@ -341,7 +342,10 @@ impl Runner {
             down_since = Some(granted);
         }
         let ended = loop {
-            if turn.is_lost() {
+            // One watch period early: checked every watch period, the transport is
+            // then stopped before the lease could run out by our clock, which is
+            // before the backend could grant it to a standby.
+            if turn.state.expires_within(self.watch) {
                 break Ended::Deposed;
             }
             let mut timeout = self.watch;
