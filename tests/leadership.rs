@@ -148,7 +148,7 @@ fn clean_stop_hands_over_at_once() {
         .map(|id| (id.to_string(), setup.bot(id)))
         .collect();
     let (first, t1, _) = server.wait_opened(LONG).expect("a leader connects");
-    assert_eq!(leaders(&bots), [first.clone()]);
+    assert_eq!(leaders(&bots), std::slice::from_ref(&first));
     // The leadership lease is not a chat turn: it stays out of the turn figures.
     for (id, bot) in &bots {
         let m = bot.metrics();
@@ -169,7 +169,7 @@ fn clean_stop_hands_over_at_once() {
         gap < Duration::from_secs(1),
         "woken by the release: {gap:?}"
     );
-    assert_eq!(leaders(&bots), [second.clone()]);
+    assert_eq!(leaders(&bots), std::slice::from_ref(&second));
     for bot in bots.into_values() {
         bot.shutdown();
     }
