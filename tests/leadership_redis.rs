@@ -68,6 +68,7 @@ impl Cluster {
         let cfg = ReplicaConfig {
             id: id.to_owned(),
             redis_url: self.redis.url(),
+            key_prefix: "botmesh".to_owned(),
             server: self.server.addr(),
             ttl: self.ttl,
             provider_down: self.provider_down,

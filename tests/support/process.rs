@@ -29,6 +29,8 @@ pub const PROVIDER: &str = "platform";
 pub struct ReplicaConfig {
     pub id: String,
     pub redis_url: String,
+    /// The Redis key prefix (isolates runs sharing a server).
+    pub key_prefix: String,
     pub server: SocketAddr,
     pub ttl: Duration,
     pub provider_down: Duration,
@@ -36,7 +38,7 @@ pub struct ReplicaConfig {
     pub exclusive: bool,
 }
 
-const ENV: [&str; 7] = [
+const ENV: [&str; 8] = [
     "BOTMESH_LEAD_ID",
     "BOTMESH_LEAD_REDIS",
     "BOTMESH_LEAD_SERVER",
@@ -44,6 +46,7 @@ const ENV: [&str; 7] = [
     "BOTMESH_LEAD_DOWN_MS",
     "BOTMESH_LEAD_SESSION",
     "BOTMESH_LEAD_EXCLUSIVE",
+    "BOTMESH_LEAD_PREFIX",
 ];
 
 impl ReplicaConfig {
@@ -62,6 +65,7 @@ impl ReplicaConfig {
             self.provider_down.as_millis().to_string(),
             session.to_owned(),
             u8::from(self.exclusive).to_string(),
+            self.key_prefix.clone(),
         ];
         ENV.into_iter().zip(values).collect()
     }
@@ -83,6 +87,7 @@ impl ReplicaConfig {
             provider_down: ms(ENV[4])?,
             session,
             exclusive: get(ENV[6])? == "1",
+            key_prefix: get(ENV[7])?,
         })
     }
 }
@@ -97,6 +102,7 @@ fn say(line: &str) {
 pub fn run_replica(cfg: &ReplicaConfig) -> Result<(), String> {
     let options = RedisOptions::new(cfg.redis_url.as_str())
         .with_lease_ttl(cfg.ttl)
+        .with_key_prefix(cfg.key_prefix.as_str())
         .with_command_timeout(Duration::from_millis(500));
     let coordinator = RedisCoordinator::connect(options).map_err(|e| e.to_string())?;
     let (events_tx, events_rx) = unbounded();
