@@ -232,9 +232,11 @@ fn demo(options: &Options) -> Result<bool, String> {
     };
     println!("{first} leads (token {})", show(t1));
     round_trip(&platform, &mut run, "hello 1", &first, t1, wait);
-    // A crash comes at any moment: half a TTL in, the kill falls between two renewals
-    // rather than right after the leader's grant.
-    std::thread::sleep(ttl / 2);
+    // A crash comes at any moment: the kill lands at a pseudo-random point of the
+    // leader's renewal cycle (TTL/3), not right after its grant, so that runs sample
+    // the whole range of crash failovers (about TTL − TTL/3 to TTL + TTL/3).
+    let phase = u32::try_from(nanos % 1000).unwrap_or(0);
+    std::thread::sleep(ttl / 2 + ttl / 3 * phase / 1000);
 
     let Some(at) = replicas.iter().position(|r| r.id == first) else {
         return Err(format!("unknown leader {first}"));

@@ -405,10 +405,11 @@ impl Runner {
                 log::warn!(target: "botmesh::leadership", "replica {replica} lost the leadership of provider {provider:?} (token {token}); transport stopped");
             }
         }
-        if matches!(ended, Ended::Abort) {
-            // The replica was aborted first, so dropping the turn releases nothing.
-            drop(turn);
-        } else if let Err(e) = turn.release() {
+        // After an abort the replica is aborted already: this releases nothing at the
+        // backend, and a standby waits for the lease to lapse, as after a crash.
+        if let Err(e) = turn.release()
+            && !matches!(ended, Ended::Abort)
+        {
             log::debug!(target: "botmesh::leadership", "release of the leadership of provider {provider:?}: {e}");
         }
         ended
