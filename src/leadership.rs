@@ -160,7 +160,8 @@ impl Leadership {
         let (cmd_tx, cmd_rx) = unbounded();
         let (status_tx, status_rx) = unbounded();
         let ttl = replica.ttl;
-        let name = format!("botmesh-lead-{}-{}", replica.id, state.provider);
+        // A thread name may not hold a NUL; a provider id may.
+        let name = format!("botmesh-lead-{}-{}", replica.id, state.provider).replace('\0', "?");
         let runner = Runner {
             lease: lease_name(&state.provider),
             replica,

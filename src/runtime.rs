@@ -509,9 +509,10 @@ impl Bot {
     }
 
     /// A clean stop: providers stop (a leader stops its transport, then releases its
-    /// leadership so a standby takes over at once), intake refuses new messages, every
-    /// message taken in runs to its end (each still bounded by `turn_wait`), then the
-    /// workers stop and every turn is released at the coordinator.
+    /// leadership so a standby takes over at once; replies of messages still running
+    /// here are refused from then on), intake refuses new messages, every message
+    /// taken in runs to its end (each still bounded by `turn_wait`), then the workers
+    /// stop and every turn is released at the coordinator.
     pub fn shutdown(mut self) {
         self.drain(None);
     }
