@@ -30,6 +30,7 @@
 //! Leaving the leader state always stops the transport first, then gives the lease up,
 //! so the next leader's session cannot overlap this one.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -338,7 +339,11 @@ impl Runner {
         // When the current period without an open session began, for leaderless_ms.
         let mut unopened_since = Some(granted);
         let session = Session::new(self.intake.clone(), status, Some(token));
-        if let Err(e) = self.provider.start(session) {
+        // A panicking transport must not end the election thread: it counts as a
+        // failed start, and the lease is still given up the normal way.
+        let started = catch_unwind(AssertUnwindSafe(|| self.provider.start(session)))
+            .unwrap_or_else(|_| Err(ProviderError("start panicked".into())));
+        if let Err(e) = started {
             log::warn!(target: "botmesh::leadership", "provider {:?} failed to start on replica {}: {e}", self.state.provider, self.replica.id);
             down_since = Some(granted);
         }
@@ -387,7 +392,9 @@ impl Runner {
         };
         // Sends are refused from here on; the transport stops before the lease goes.
         *self.state.current.lock() = None;
-        self.provider.stop();
+        if catch_unwind(AssertUnwindSafe(|| self.provider.stop())).is_err() {
+            log::error!(target: "botmesh::leadership", "provider {:?} panicked in stop on replica {}", self.state.provider, self.replica.id);
+        }
         if let Some(since) = unopened_since {
             self.add_leaderless(since.elapsed());
         }

@@ -545,6 +545,49 @@ impl Provider for Broken {
     }
 }
 
+/// A provider whose start and stop panic.
+struct Panicky;
+
+impl Provider for Panicky {
+    fn id(&self) -> &str {
+        "panicky"
+    }
+    fn start(&self, _: Session) -> Result<(), ProviderError> {
+        panic!("start blew up")
+    }
+    fn stop(&self) {
+        panic!("stop blew up")
+    }
+    fn send(&self, _: &str, _: &str) -> Result<(), ProviderError> {
+        Ok(())
+    }
+}
+
+/// A transport that panics in start and stop does not end the election: it counts as
+/// a failed start, and the replica keeps stepping down and trying again.
+#[test]
+fn a_panicking_provider_does_not_end_the_election() {
+    let _serial = serial();
+    let config = CoordinationConfig::new(CoordinatorConfig::Shared(coordinator(
+        Duration::from_millis(300),
+    )))
+    .with_provider_session(ProviderSession::Leader)
+    .with_provider_down(Duration::from_millis(50));
+    let bot = Bot::builder()
+        .id("a")
+        .coordination(config)
+        .provider(Arc::new(Panicky))
+        .handler(|_| Ok(()))
+        .build()
+        .expect("bot");
+    let deadline = Instant::now() + LONG;
+    while bot.metrics().leadership_changes < 4 {
+        assert!(Instant::now() < deadline, "{}", bot.metrics());
+        std::thread::yield_now();
+    }
+    bot.shutdown();
+}
+
 /// A leader-mode provider that fails to start counts as closed: the bot still starts,
 /// and its leader steps down after `provider_down`, again and again.
 #[test]
