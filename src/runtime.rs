@@ -237,8 +237,8 @@ impl BotBuilder {
     /// [`StartError::Config`] for a missing handler, zero workers, two providers with
     /// one id, or an invalid coordination config; [`StartError::Backend`] when the
     /// coordinator cannot be reached or a thread cannot be spawned;
-    /// [`StartError::Provider`] when a shared-mode provider fails to start (the bot is
-    /// stopped again then). A leader-mode provider that fails to start does not fail
+    /// [`StartError::Provider`] when a shared-mode provider fails (or panics) to start
+    /// (the bot is stopped again then). A leader-mode provider that fails to start does not fail
     /// the build: it counts as a closed transport, and the leader steps down after
     /// `provider_down`.
     pub fn build(self) -> Result<Bot, StartError> {
@@ -357,7 +357,10 @@ impl BotBuilder {
                 0,
                 None,
             );
-            if let Err(e) = p.start(Session::new(bot.intake(), status, None)) {
+            let session = Session::new(bot.intake(), status, None);
+            let started = catch_unwind(AssertUnwindSafe(|| p.start(session)))
+                .unwrap_or_else(|_| Err(ProviderError("start panicked".into())));
+            if let Err(e) = started {
                 bot.stop_providers();
                 bot.stop_workers();
                 return Err(StartError::Provider(e));
@@ -588,7 +591,9 @@ impl Bot {
             l.stop();
         }
         for p in self.providers.drain(..) {
-            p.stop();
+            if catch_unwind(AssertUnwindSafe(|| p.stop())).is_err() {
+                log::error!(target: "botmesh::runtime", "provider {:?} panicked in stop", p.id());
+            }
         }
     }
 

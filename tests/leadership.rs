@@ -586,6 +586,13 @@ fn a_panicking_provider_does_not_end_the_election() {
         std::thread::yield_now();
     }
     bot.shutdown();
+    // In shared mode the panic is a failed start: the build says so.
+    let err = Bot::builder()
+        .provider(Arc::new(Panicky))
+        .handler(|_| Ok(()))
+        .build()
+        .expect_err("start panics");
+    assert!(err.to_string().contains("start panicked"), "{err}");
 }
 
 /// A leader-mode provider that fails to start counts as closed: the bot still starts,
