@@ -237,10 +237,10 @@ impl BotBuilder {
     /// [`StartError::Config`] for a missing handler, zero workers, two providers with
     /// one id, or an invalid coordination config; [`StartError::Backend`] when the
     /// coordinator cannot be reached or a thread cannot be spawned;
-    /// [`StartError::Provider`] when a shared-mode provider fails to start or panics in it
-    /// (the bot is stopped again then). A leader-mode provider that fails to start does not fail
-    /// the build: it counts as a closed transport, and the leader steps down after
-    /// `provider_down`.
+    /// [`StartError::Provider`] when a shared-mode provider fails to start or panics
+    /// in it (the bot is stopped again then). A leader-mode provider that fails to
+    /// start does not fail the build: it counts as a closed transport, and the leader
+    /// steps down after `provider_down`.
     pub fn build(self) -> Result<Bot, StartError> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let handler = self.handler.ok_or_else(|| {
