@@ -25,8 +25,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use botmesh::redis::RedisOptions;
 use botmesh::{
-    Bot, Capture, CoordinationConfig, CoordinatorConfig, Flow, Intake, Message, Outcome, Provider,
-    ProviderError,
+    Bot, Capture, CoordinationConfig, CoordinatorConfig, Flow, Message, Outcome, Provider,
+    ProviderError, Session,
 };
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
@@ -63,7 +63,7 @@ impl Provider for Stdout {
     fn id(&self) -> &str {
         "stdout"
     }
-    fn start(&self, _intake: Intake) -> Result<(), ProviderError> {
+    fn start(&self, _session: Session) -> Result<(), ProviderError> {
         Ok(())
     }
     fn stop(&self) {}

@@ -152,7 +152,10 @@ pub struct CoordinationConfig {
     /// such a step no extra time. Default 1 minute (`settleMs`).
     pub settle: Duration,
     /// With leader sessions: how long the leader's transport may stay closed before
-    /// this replica steps down so that a standby connects instead. Default 1 minute
+    /// this replica steps down so that a standby connects instead. Closed means: the
+    /// provider reported [`Status::Closed`](crate::Status::Closed), or failed to start,
+    /// and has not reported [`Status::Open`](crate::Status::Open) since (reconnect
+    /// attempts in between do not reset the clock). Default 1 minute
     /// (`providerDownMs`).
     pub provider_down: Duration,
     /// Which replicas connect the provider's transport. Default

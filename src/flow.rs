@@ -38,7 +38,7 @@
 //! # struct Telegram;
 //! # impl botmesh::Provider for Telegram {
 //! #     fn id(&self) -> &str { "telegram" }
-//! #     fn start(&self, _: botmesh::Intake) -> Result<(), botmesh::ProviderError> { Ok(()) }
+//! #     fn start(&self, _: botmesh::Session) -> Result<(), botmesh::ProviderError> { Ok(()) }
 //! #     fn stop(&self) {}
 //! #     fn send(&self, _: &str, _: &str) -> Result<(), botmesh::ProviderError> { Ok(()) }
 //! # }

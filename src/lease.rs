@@ -92,13 +92,18 @@ fn mark_lost(inner: &Inner, state: &TurnState, why: &str) {
     if inner.held.lock().remove(&state.ticket.seq).is_none() {
         return;
     }
-    dec(&inner.metrics.held);
+    let metered = !crate::replica::is_reserved(&state.chat);
+    if metered {
+        dec(&inner.metrics.held);
+    }
     if !state.lost.swap(true, Ordering::AcqRel) {
-        inc(&inner.metrics.lost);
+        if metered {
+            inc(&inner.metrics.lost);
+        }
         log::warn!(
             target: "botmesh::lease",
             "turn on chat {:?} (token {}) lost: {why}",
-            state.chat,
+            crate::replica::shown_chat(&state.chat),
             state.token
         );
     }

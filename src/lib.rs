@@ -12,6 +12,11 @@
 //! - **Leases.** A held turn is a lease with a TTL, renewed for all chats of a replica
 //!   in one coordinator call per tick by one thread. A replica that dies frees its
 //!   chats within the TTL (Gray and Cheriton, "Leases", 1989).
+//! - **Provider leadership.** A transport that allows one live session (WhatsApp Web,
+//!   Telegram long polling) is run by one replica at a time: the holder of the lease
+//!   `provider:<id>`, a turn on a reserved name. The others stand by and take over
+//!   when it stops (at once), crashes (within the TTL and one re-check) or steps down
+//!   because its transport stayed closed; see [`provider`].
 //! - **Backends.** [`MemoryCoordinator`] for one process (and for tests: replicas as
 //!   threads, crashes included); `RedisCoordinator` (module [`redis`], feature
 //!   `redis`, on by default) for replicas in many processes and machines; other
@@ -62,6 +67,7 @@ mod conversation;
 pub mod coordinator;
 mod error;
 pub mod flow;
+mod leadership;
 pub mod lease;
 pub mod memory;
 mod message;
@@ -83,7 +89,9 @@ pub use flow::{Answer, Cancelled, Capture, Flow, State, StepContext};
 pub use memory::MemoryCoordinator;
 pub use message::{Message, Outcome};
 pub use metrics::{MetricsSnapshot, WAIT_BUCKETS};
-pub use provider::{Capabilities, Provider, ProviderError};
+pub use provider::{
+    Capabilities, CloseReason, Provider, ProviderError, Session, Status, StatusSender,
+};
 pub use replica::{Accepted, Replica};
 pub use runtime::{Bot, BotBuilder, Context, Intake, StartError};
 pub use turn::Turn;

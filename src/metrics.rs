@@ -23,6 +23,9 @@ pub(crate) struct Metrics {
     pub(crate) backend_errors: AtomicU64,
     pub(crate) shutting_down: AtomicU64,
     pub(crate) leadership_changes: AtomicU64,
+    pub(crate) leaderless_us: AtomicU64,
+    pub(crate) provider_conflicts: AtomicU64,
+    pub(crate) providers_led: AtomicU64,
     pub(crate) held: AtomicU64,
     pub(crate) waiting: AtomicU64,
     pub(crate) conversations_resumed: AtomicU64,
@@ -63,6 +66,9 @@ impl Metrics {
             backend_errors: get(&self.backend_errors),
             shutting_down: get(&self.shutting_down),
             leadership_changes: get(&self.leadership_changes),
+            leaderless_ms: get(&self.leaderless_us) / 1000,
+            provider_conflicts: get(&self.provider_conflicts),
+            providers_led: get(&self.providers_led),
             turns_held: get(&self.held),
             tickets_waiting: get(&self.waiting),
             conversations_resumed: get(&self.conversations_resumed),
@@ -76,6 +82,10 @@ impl Metrics {
 }
 
 /// A point-in-time copy of one replica's counters (monotonic totals) and gauges.
+///
+/// The turn figures count chats only: provider leadership leases are built on turns
+/// but show up in the leadership figures, not in `turns_*`, `tickets_waiting` or the
+/// wait histogram.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MetricsSnapshot {
     /// Messages taken in (duplicates not included), plus wake-ups of conversations
@@ -101,8 +111,27 @@ pub struct MetricsSnapshot {
     pub backend_errors: u64,
     /// Messages reported `shutting_down`.
     pub shutting_down: u64,
-    /// Times this replica gained or lost a provider leadership.
+    /// Times this replica became, or stopped being, the leader of a provider (so a
+    /// replica that led once and stepped down counts 2).
     pub leadership_changes: u64,
+    /// Milliseconds this replica led a provider without an open session: from each
+    /// grant of the leadership until its transport reported [`Status::Open`], and from
+    /// each close until it reopened or this replica gave the leadership up. This is
+    /// the part of the bot's time without a working leader that this replica can see;
+    /// the gap between two leases (at most the lease TTL plus one re-check after a
+    /// crash, a few ms after a clean stop) happens while no replica leads, and is
+    /// measured at the transport (see the `leader_demo` example).
+    ///
+    /// [`Status::Open`]: crate::Status::Open
+    pub leaderless_ms: u64,
+    /// Times a transport reported its session closed because another session took
+    /// it over ([`CloseReason::Replaced`]): two replicas connected at once. Stays 0
+    /// with leader sessions unless a leader was deposed while paused.
+    ///
+    /// [`CloseReason::Replaced`]: crate::CloseReason::Replaced
+    pub provider_conflicts: u64,
+    /// Gauge: providers this replica leads right now.
+    pub providers_led: u64,
     /// Gauge: turns held right now.
     pub turns_held: u64,
     /// Gauge: tickets queued and waiting right now.
@@ -163,6 +192,16 @@ impl fmt::Display for MetricsSnapshot {
             self.turns_held,
             self.tickets_waiting
         )?;
+        if self.leadership_changes > 0 || self.provider_conflicts > 0 {
+            write!(
+                f,
+                " leadership_changes={} leaderless_ms={} conflicts={} led={}",
+                self.leadership_changes,
+                self.leaderless_ms,
+                self.provider_conflicts,
+                self.providers_led
+            )?;
+        }
         if let Some(p99) = self.wait_quantile(0.99) {
             write!(f, " wait_p99<{p99:?}")?;
         }

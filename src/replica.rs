@@ -9,6 +9,7 @@
 //! run when its grant arrives. [`Replica::acquire`] is the blocking form for code that
 //! just wants a distributed per-chat lock.
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -33,6 +34,31 @@ use crate::turn::{Turn, TurnState};
 const RUNNING: u8 = 0;
 const STOPPING: u8 = 1;
 const ABORTED: u8 = 2;
+
+/// The chat id as stored at the coordinator. Names the runtime reserves for its own
+/// leases (provider leadership: `"\0provider:<id>"`) start with one NUL; a user's chat
+/// id that starts with a NUL is stored with one more in front. So no chat id can meet
+/// a reserved name, two chat ids never meet each other, and every other chat id is
+/// stored as it is, without a copy.
+pub(crate) fn stored_chat(chat: &str) -> Cow<'_, str> {
+    if chat.starts_with('\0') {
+        Cow::Owned(format!("\0{chat}"))
+    } else {
+        Cow::Borrowed(chat)
+    }
+}
+
+/// The chat id as the user gave it, from its stored form (a reserved name shows
+/// without its NUL, for logs).
+pub(crate) fn shown_chat(stored: &str) -> &str {
+    stored.strip_prefix('\0').unwrap_or(stored)
+}
+
+/// Whether a stored name is one of the runtime's own leases rather than a chat: those
+/// stay out of the turn metrics (a standby's ticket waits for hours by design).
+pub(crate) fn is_reserved(stored: &str) -> bool {
+    stored.starts_with('\0') && !stored.starts_with("\0\0")
+}
 
 /// How long a grant learned of after the fact (a push, a re-check, a cancel) is
 /// trusted by this replica's clock before the next renewal confirms it: the backend
@@ -324,10 +350,12 @@ impl Replica {
                     log::warn!(target: "botmesh::replica", "cancel at shutdown failed: {e}");
                 }
             }
-            inc(&self.inner.metrics.shutting_down);
+            if !is_reserved(&w.chat) {
+                inc(&self.inner.metrics.shutting_down);
+            }
             (w.on_grant)(Err(CoordinationUnavailableError::new(
                 Reason::ShuttingDown,
-                &w.chat,
+                shown_chat(&w.chat),
                 w.message_id.as_deref(),
             )));
         }
@@ -360,11 +388,19 @@ impl Replica {
         let held: Vec<Arc<TurnState>> = self.inner.held.lock().drain().map(|(_, s)| s).collect();
         for state in &held {
             state.lost.store(true, Ordering::Release);
-            dec(&self.inner.metrics.held);
+            if !is_reserved(&state.chat) {
+                dec(&self.inner.metrics.held);
+            }
         }
         if how == ABORTED {
             // Forget the waiters without calling them, as a dead process would.
-            let forgotten = self.inner.waiting.lock().drain().count();
+            let forgotten = self
+                .inner
+                .waiting
+                .lock()
+                .drain()
+                .filter(|(_, w)| !is_reserved(&w.chat))
+                .count();
             for _ in 0..forgotten {
                 dec(&self.inner.metrics.waiting);
             }
@@ -393,7 +429,9 @@ impl Inner {
 
     pub(crate) fn take_waiter(&self, seq: u64) -> Option<Waiter> {
         let w = self.waiting.lock().remove(&seq);
-        if w.is_some() {
+        if let Some(w) = &w
+            && !is_reserved(&w.chat)
+        {
             dec(&self.metrics.waiting);
         }
         w
@@ -405,7 +443,7 @@ impl Inner {
         chat: &str,
     ) -> Result<Option<(Token, String)>, BackendError> {
         self.coordinator
-            .read_checkpoint(chat)
+            .read_checkpoint(&stored_chat(chat))
             .inspect_err(|_| inc(&self.metrics.backend_errors))
     }
 
@@ -417,7 +455,7 @@ impl Inner {
         data: Option<&str>,
     ) -> Result<bool, BackendError> {
         self.coordinator
-            .write_checkpoint(chat, token, data)
+            .write_checkpoint(&stored_chat(chat), token, data)
             .inspect_err(|_| inc(&self.metrics.backend_errors))
     }
 
@@ -425,6 +463,7 @@ impl Inner {
         self.state.load(Ordering::Acquire) == ABORTED
     }
 
+    /// Takes a message of a user's chat in (see [`stored_chat`]).
     pub(crate) fn enqueue(
         self: &Arc<Self>,
         chat: &str,
@@ -432,11 +471,27 @@ impl Inner {
         wait: Duration,
         on_grant: OnGrant,
     ) -> Result<Accepted, CoordinationUnavailableError> {
+        self.enqueue_stored(&stored_chat(chat), message_id, wait, on_grant)
+            .map(|(accepted, _)| accepted)
+    }
+
+    /// Places a ticket on a chat given in its stored form (a user's chat, or a
+    /// reserved lease name); returns the ticket's sequence number with the answer.
+    pub(crate) fn enqueue_stored(
+        self: &Arc<Self>,
+        chat: &str,
+        message_id: Option<&str>,
+        wait: Duration,
+        on_grant: OnGrant,
+    ) -> Result<(Accepted, u64), CoordinationUnavailableError> {
+        let metered = !is_reserved(chat);
         if self.state.load(Ordering::Acquire) != RUNNING {
-            inc(&self.metrics.shutting_down);
+            if metered {
+                inc(&self.metrics.shutting_down);
+            }
             return Err(CoordinationUnavailableError::new(
                 Reason::ShuttingDown,
-                chat,
+                shown_chat(chat),
                 message_id,
             ));
         }
@@ -456,7 +511,9 @@ impl Inner {
                 on_grant,
             },
         );
-        inc(&self.metrics.waiting);
+        if metered {
+            inc(&self.metrics.waiting);
+        }
         let request = EnqueueRequest {
             chat,
             ticket: &ticket,
@@ -466,15 +523,19 @@ impl Inner {
         let sent = since; // one clock read serves both
         match self.coordinator.enqueue(&request) {
             Ok(Enqueued::Granted(grant)) => {
-                inc(&self.metrics.accepted);
+                if metered {
+                    inc(&self.metrics.accepted);
+                }
                 if let Some(w) = self.take_waiter(seq) {
                     // The lease started after this request was sent.
                     self.grant_to(w, grant, false, sent + self.ttl);
                 }
-                Ok(Accepted::Queued)
+                Ok((Accepted::Queued, seq))
             }
             Ok(Enqueued::Queued) => {
-                inc(&self.metrics.accepted);
+                if metered {
+                    inc(&self.metrics.accepted);
+                }
                 if let Some(w) = self.waiting.lock().get_mut(&seq) {
                     w.placed = true;
                 }
@@ -488,12 +549,12 @@ impl Inner {
                         self.deadlines_cv.notify_one();
                     }
                 }
-                Ok(Accepted::Queued)
+                Ok((Accepted::Queued, seq))
             }
             Ok(Enqueued::Duplicate) => {
                 inc(&self.metrics.duplicates);
                 self.take_waiter(seq);
-                Ok(Accepted::Duplicate)
+                Ok((Accepted::Duplicate, seq))
             }
             Err(e) => {
                 inc(&self.metrics.backend_errors);
@@ -501,6 +562,7 @@ impl Inner {
                 self.ghosts
                     .lock()
                     .push((Arc::from(chat), seq, message_id.map(Arc::from)));
+                let chat = shown_chat(chat);
                 log::warn!(target: "botmesh::replica", "enqueue on chat {chat:?} failed: {e}");
                 Err(
                     CoordinationUnavailableError::new(Reason::Backend, chat, message_id)
@@ -554,18 +616,21 @@ impl Inner {
             valid_until: std::sync::atomic::AtomicU64::new(crate::turn::clock_ns(valid_until)),
         });
         self.held.lock().insert(state.ticket.seq, state.clone());
-        inc(&self.metrics.granted);
-        inc(&self.metrics.held);
-        if queued {
-            inc(&self.metrics.waited);
+        let metered = !is_reserved(&state.chat);
+        if metered {
+            inc(&self.metrics.granted);
+            inc(&self.metrics.held);
+            if queued {
+                inc(&self.metrics.waited);
+            }
+            self.metrics.record_wait(waited);
         }
-        self.metrics.record_wait(waited);
         let turn = Turn {
             state,
             replica: self.clone(),
             done: false,
         };
-        if turn.is_handover() {
+        if metered && turn.is_handover() {
             inc(&self.metrics.handovers);
         }
         (w.on_grant)(Ok(turn));
@@ -579,12 +644,13 @@ impl Inner {
         let lost_err = || {
             CoordinationUnavailableError::new(
                 Reason::Lost,
-                &state.chat,
+                shown_chat(&state.chat),
                 state.message_id.as_deref(),
             )
         };
+        let metered = !is_reserved(&state.chat);
         let was_held = self.held.lock().remove(&state.ticket.seq).is_some();
-        if was_held {
+        if was_held && metered {
             dec(&self.metrics.held);
         }
         if self.is_aborted() {
@@ -594,7 +660,7 @@ impl Inner {
         // Known lost here (by the renewal, or by our own clock): still release at the
         // coordinator, which refuses it if the chat moved on and frees it at once if not.
         let locally_lost = state.is_lost();
-        if locally_lost && was_held {
+        if locally_lost && was_held && metered {
             inc(&self.metrics.lost);
         }
         match self.coordinator.release(&state.lease(), handled) {
@@ -609,7 +675,7 @@ impl Inner {
             }
             Ok(Released::Lost) => {
                 state.lost.store(true, Ordering::Release);
-                if was_held && !locally_lost {
+                if was_held && !locally_lost && metered {
                     inc(&self.metrics.lost);
                 }
                 Err(lost_err())
@@ -624,10 +690,37 @@ impl Inner {
                 };
                 Err(CoordinationUnavailableError::new(
                     reason,
-                    &state.chat,
+                    shown_chat(&state.chat),
                     state.message_id.as_deref(),
                 )
                 .with_source(e))
+            }
+        }
+    }
+
+    /// Takes a waiting ticket back because nobody wants its turn any more (a standby
+    /// that stops campaigning). A grant that raced with it is released at once; a
+    /// ticket the backend could not be told about is cancelled by the next renewal
+    /// ticks. The waiter's callback is dropped without being called.
+    pub(crate) fn withdraw(self: &Arc<Self>, seq: u64) {
+        let Some(w) = self.take_waiter(seq) else {
+            return; // granted or ended already: its callback owns the outcome
+        };
+        let ticket = self.ticket(seq);
+        let waiting = Waiting {
+            chat: &w.chat,
+            ticket: &ticket,
+            message_id: w.message_id.as_deref(),
+        };
+        match self.coordinator.cancel(&waiting) {
+            Ok(Some(grant)) => self.release_ghost(&w.chat, &grant),
+            Ok(None) => {}
+            Err(e) => {
+                inc(&self.metrics.backend_errors);
+                log::debug!(target: "botmesh::replica", "withdraw failed, retrying on the renewal tick: {e}");
+                self.ghosts
+                    .lock()
+                    .push((w.chat.clone(), seq, w.message_id.clone()));
             }
         }
     }
@@ -757,7 +850,7 @@ impl Inner {
                     inc(&self.metrics.duplicates);
                     (w.on_grant)(Err(CoordinationUnavailableError::new(
                         Reason::Lost,
-                        &w.chat,
+                        shown_chat(&w.chat),
                         w.message_id.as_deref(),
                     )));
                 }
@@ -827,7 +920,7 @@ impl Inner {
                 inc(&self.metrics.timed_out);
                 let err = CoordinationUnavailableError::new(
                     Reason::Timeout,
-                    &w.chat,
+                    shown_chat(&w.chat),
                     w.message_id.as_deref(),
                 );
                 log::debug!(target: "botmesh::replica", "{err}");
@@ -837,7 +930,7 @@ impl Inner {
                 inc(&self.metrics.backend_errors);
                 let err = CoordinationUnavailableError::new(
                     Reason::Backend,
-                    &w.chat,
+                    shown_chat(&w.chat),
                     w.message_id.as_deref(),
                 )
                 .with_source(e);

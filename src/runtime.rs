@@ -27,17 +27,18 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::config::{ConfigError, CoordinationConfig};
+use crate::config::{ConfigError, CoordinationConfig, ProviderSession};
 use crate::conversation::{
     At, CheckpointStore, Flows, Live, Route, Run, RunSlot, StepsEnd, now_ms,
 };
 use crate::coordinator::{BackendError, Token};
 use crate::error::{CoordinationUnavailableError, Error, HandlerError, Reason};
 use crate::flow::{Flow, State};
+use crate::leadership::{Gated, LeaderState, Leadership};
 use crate::memory::MemoryCoordinator;
 use crate::message::{Message, Outcome};
 use crate::metrics::{Metrics, MetricsSnapshot, inc};
-use crate::provider::{Provider, ProviderError};
+use crate::provider::{Provider, ProviderError, Session, StatusSender};
 use crate::replica::{Accepted, Inner, OnGrant, Replica};
 use crate::turn::Turn;
 
@@ -47,6 +48,9 @@ pub type Handler = Arc<dyn Fn(&Context<'_>) -> Result<(), HandlerError> + Send +
 pub type ErrorHook = Arc<dyn Fn(&Error) + Send + Sync>;
 /// Called once for every accepted message when it ends, with how it ended.
 pub type OutcomeHook = Arc<dyn Fn(&Message, &Outcome) + Send + Sync>;
+
+/// A provider to start, with its leadership state when it runs in leader mode.
+type Plan = (Arc<dyn Provider>, Option<Arc<LeaderState>>);
 
 /// The default number of worker threads per replica.
 pub const DEFAULT_WORKERS: usize = 4;
@@ -240,21 +244,31 @@ impl BotBuilder {
         self
     }
 
-    /// Adds a provider; it is started by `build` and stopped by `shutdown`.
+    /// Adds a provider. Who starts it depends on the coordination config's
+    /// [`provider_session`](CoordinationConfig::provider_session): in shared mode (and
+    /// without coordination) `build` starts it; in leader mode (the default for a
+    /// provider with [`exclusive_session`](crate::Capabilities::exclusive_session)) it
+    /// is started only while this replica holds the provider's leadership. Either way
+    /// `shutdown` stops it. Handlers reply through the first provider added.
     pub fn provider(mut self, provider: Arc<dyn Provider>) -> Self {
         self.providers.push(provider);
         self
     }
 
     /// Validates the settings, attaches to the coordinator, starts the threads and
-    /// the providers.
+    /// the providers (shared ones directly; leader-mode ones begin campaigning for
+    /// their leadership, and start once this replica wins it).
     ///
     /// # Errors
-    /// [`StartError::Config`] for a missing handler (without flows), zero workers, an
-    /// invalid coordination config, or flows with a duplicate name or a `goto` to no
-    /// flow; [`StartError::Backend`] when the coordinator cannot be
-    /// reached; [`StartError::Provider`] when a provider fails to start (the bot is
-    /// stopped again then).
+    /// [`StartError::Config`] for a missing handler (without flows), zero workers, two
+    /// providers with one id, flows without a provider, an invalid coordination config,
+    /// or invalid flows (a duplicate name, a `goto` to no flow, a `goto` cycle without
+    /// a wait, a keyword with no letter or digit, `settle` of 0); [`StartError::Backend`]
+    /// when the coordinator cannot be reached or a thread cannot be spawned;
+    /// [`StartError::Provider`] when a shared-mode provider fails to start or panics
+    /// in it (the bot is stopped again then). A leader-mode provider that fails to
+    /// start does not fail the build: it counts as a closed transport, and the leader
+    /// steps down after `provider_down`.
     pub fn build(self) -> Result<Bot, StartError> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         if !self.flows.is_empty() && self.providers.is_empty() {
@@ -285,6 +299,36 @@ impl BotBuilder {
                 "id: \"\" is empty; give the replica a name",
             )));
         }
+        for (i, p) in self.providers.iter().enumerate() {
+            if self.providers[..i].iter().any(|q| q.id() == p.id()) {
+                return Err(StartError::Config(ConfigError::new(format!(
+                    "provider id {:?} is used twice; give each provider its own id",
+                    p.id()
+                ))));
+            }
+        }
+        // Which providers run under a leadership: only with coordination (one process
+        // has nobody to share a session with).
+        let leads = |p: &Arc<dyn Provider>| match &self.coordination {
+            None => false,
+            Some(c) => match c.provider_session {
+                ProviderSession::Leader => true,
+                ProviderSession::Shared => false,
+                ProviderSession::Auto => p.capabilities().exclusive_session,
+            },
+        };
+        let plans: Vec<Plan> = self
+            .providers
+            .iter()
+            .map(|p| {
+                let state = leads(p).then(|| Arc::new(LeaderState::new(Arc::from(p.id()))));
+                (p.clone(), state)
+            })
+            .collect();
+        let provider_down = self
+            .coordination
+            .as_ref()
+            .map_or(Duration::ZERO, |c| c.provider_down);
         let metrics = Arc::new(Metrics::default());
         let (replica, turn_wait, settle, handover) = match &self.coordination {
             Some(config) => {
@@ -322,7 +366,14 @@ impl BotBuilder {
             flows,
             on_error: self.on_error,
             on_outcome: self.on_outcome,
-            provider: self.providers.first().cloned(),
+            // Replies through a leader-mode provider pass its leadership gate.
+            provider: plans.first().map(|(p, state)| match state {
+                Some(state) => Arc::new(Gated {
+                    inner: p.clone(),
+                    state: state.clone(),
+                }) as Arc<dyn Provider>,
+                None => p.clone(),
+            }),
             metrics,
             sched: Mutex::new(Sched::default()),
             work_cv: Condvar::new(),
@@ -347,13 +398,45 @@ impl BotBuilder {
                 "cannot spawn a thread: {e}"
             ))));
         }
-        for p in self.providers {
-            if let Err(e) = p.start(bot.intake()) {
+        // Shared providers first: they are the ones whose failure stops the build.
+        for (p, _) in plans.iter().filter(|(_, state)| state.is_none()) {
+            let status = StatusSender::new(
+                Arc::from(p.id()),
+                bot.shared.replica.id.clone(),
+                bot.shared.metrics.clone(),
+                0,
+                None,
+            );
+            let session = Session::new(bot.intake(), status, None);
+            let started = catch_unwind(AssertUnwindSafe(|| p.start(session)))
+                .unwrap_or_else(|_| Err(ProviderError("start panicked".into())));
+            if let Err(e) = started {
                 bot.stop_providers();
                 bot.stop_workers();
                 return Err(StartError::Provider(e));
             }
-            bot.providers.push(p);
+            bot.providers.push(p.clone());
+        }
+        for (p, state) in plans {
+            let Some(state) = state else { continue };
+            let spawned = Leadership::spawn(
+                bot.shared.replica.clone(),
+                p,
+                state,
+                bot.intake(),
+                bot.shared.metrics.clone(),
+                provider_down,
+            );
+            match spawned {
+                Ok(l) => bot.leaders.push(l),
+                Err(e) => {
+                    bot.stop_providers();
+                    bot.stop_workers();
+                    return Err(StartError::Backend(BackendError::new(format!(
+                        "cannot spawn a leadership thread: {e}"
+                    ))));
+                }
+            }
         }
         Ok(bot)
     }
@@ -368,7 +451,10 @@ pub struct Bot {
     shared: Arc<Shared>,
     timer: Option<JoinHandle<()>>,
     replica: Option<Replica>,
+    /// Providers started directly (shared mode, or no coordination).
     providers: Vec<Arc<dyn Provider>>,
+    /// Leader-mode providers: one leadership thread each.
+    leaders: Vec<Leadership>,
 }
 
 impl std::fmt::Debug for Bot {
@@ -435,6 +521,7 @@ impl Bot {
             timer: None,
             replica: Some(replica),
             providers,
+            leaders: Vec::new(),
         }
     }
 
@@ -455,14 +542,26 @@ impl Bot {
         self.shared.metrics.snapshot()
     }
 
+    /// The fencing token of this replica's leadership of the provider with id
+    /// `provider`, while this replica leads it and its lease is not known to be lost;
+    /// `None` on a standby, for a provider in shared mode, or for an unknown id.
+    pub fn leader_token(&self, provider: &str) -> Option<Token> {
+        self.leaders
+            .iter()
+            .find(|l| &*l.state().provider == provider)
+            .and_then(|l| l.state().token())
+    }
+
     /// Messages taken in that have not ended yet (waiting, ready or running).
     pub fn in_flight(&self) -> usize {
         self.shared.sched.lock().in_flight
     }
 
-    /// A clean stop: providers stop, intake refuses new messages, every message taken
-    /// in runs to its end (each still bounded by `turn_wait`), then the workers stop
-    /// and every turn is released at the coordinator.
+    /// A clean stop: providers stop (a leader stops its transport, then releases its
+    /// leadership so a standby takes over at once; replies of messages still running
+    /// here are refused from then on), intake refuses new messages, every message
+    /// taken in runs to its end (each still bounded by `turn_wait`), then the workers
+    /// stop and every turn is released at the coordinator.
     pub fn shutdown(mut self) {
         self.drain(None);
     }
@@ -475,13 +574,19 @@ impl Bot {
 
     /// A simulated crash: the renewal thread stops, nothing is released or reported,
     /// and messages not yet ended are lost with the replica (its turns lapse within the
-    /// TTL). Workers exit once their current handler returns; `abort` does not wait for
-    /// them. For tests of replica failure.
+    /// TTL). Transports stop as a dead process's connections would, but a leadership
+    /// is not released: a standby takes over after the TTL. Workers exit once their
+    /// current handler returns; `abort` does not wait for them. For tests of replica
+    /// failure.
     pub fn abort(mut self) {
-        self.stop_providers();
+        // The replica first, so that no leadership thread can release its lease.
         if let Some(r) = self.replica.take() {
             r.abort();
         }
+        for l in self.leaders.drain(..) {
+            l.abort();
+        }
+        self.stop_providers();
         {
             let mut s = self.shared.sched.lock();
             s.ready.clear();
@@ -541,8 +646,13 @@ impl Bot {
     }
 
     fn stop_providers(&mut self) {
+        for l in self.leaders.drain(..) {
+            l.stop();
+        }
         for p in self.providers.drain(..) {
-            p.stop();
+            if catch_unwind(AssertUnwindSafe(|| p.stop())).is_err() {
+                log::error!(target: "botmesh::runtime", "provider {:?} panicked in stop", p.id());
+            }
         }
     }
 

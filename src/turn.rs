@@ -45,6 +45,13 @@ impl TurnState {
         false
     }
 
+    /// Whether the lease is lost, or runs out by our clock within `margin` unless a
+    /// renewal comes first.
+    pub(crate) fn expires_within(&self, margin: Duration) -> bool {
+        self.is_lost()
+            || clock_ns(Instant::now() + margin) > self.valid_until.load(Ordering::Acquire)
+    }
+
     /// Extends the lease by our clock after a renewal sent at `sent` succeeded.
     pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
         self.valid_until
@@ -84,9 +91,12 @@ impl std::fmt::Debug for Turn {
 }
 
 impl Turn {
-    /// The chat this turn is on.
+    /// The chat this turn is on, as it was given to [`Replica::acquire`] or in the
+    /// message.
+    ///
+    /// [`Replica::acquire`]: crate::Replica::acquire
     pub fn chat(&self) -> &str {
-        &self.state.chat
+        crate::replica::shown_chat(&self.state.chat)
     }
 
     /// The id of the replica holding the turn.

@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use botmesh::{
-    Bot, Capture, CoordinationConfig, CoordinatorConfig, Flow, Intake, Message, Provider,
-    ProviderError, StartError,
+    Bot, Capture, CoordinationConfig, CoordinatorConfig, Flow, Message, Provider, ProviderError,
+    Session, StartError,
 };
 
 struct Sink(Arc<Mutex<Vec<String>>>);
@@ -15,7 +15,7 @@ impl Provider for Sink {
     fn id(&self) -> &str {
         "sink"
     }
-    fn start(&self, _: Intake) -> Result<(), ProviderError> {
+    fn start(&self, _: Session) -> Result<(), ProviderError> {
         Ok(())
     }
     fn stop(&self) {}

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use botmesh::{
     Bot, Capture, CoordinationConfig, Coordinator, CoordinatorConfig, FallbackPolicy, Flow,
-    FlowsPolicy, HandoverConfig, Intake, Message, Outcome, Provider, ProviderError,
+    FlowsPolicy, HandoverConfig, Message, Outcome, Provider, ProviderError, Session,
 };
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
@@ -51,7 +51,7 @@ impl Provider for Outbox {
     fn id(&self) -> &str {
         "test-outbox"
     }
-    fn start(&self, _intake: Intake) -> Result<(), ProviderError> {
+    fn start(&self, _session: Session) -> Result<(), ProviderError> {
         Ok(())
     }
     fn stop(&self) {}

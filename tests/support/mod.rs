@@ -6,6 +6,9 @@
 
 #![allow(dead_code)]
 
+pub mod process;
+pub mod transport;
+
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
