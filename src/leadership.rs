@@ -40,7 +40,9 @@ use parking_lot::Mutex;
 
 use crate::coordinator::Token;
 use crate::metrics::{Metrics, dec, inc};
-use crate::provider::{Capabilities, Provider, ProviderError, Session, Status, StatusSender};
+use crate::provider::{
+    Capabilities, CloseReason, Provider, ProviderError, Session, Status, StatusSender,
+};
 use crate::replica::{Inner, OnGrant};
 use crate::runtime::Intake;
 use crate::turn::{Turn, TurnState};
@@ -65,6 +67,9 @@ pub(crate) struct LeaderState {
     pub(crate) provider: Arc<str>,
     /// The lease while this replica leads and its transport may run.
     current: Mutex<Option<Arc<TurnState>>>,
+    /// While leading: since when no session has been open (for `leaderless_ms`,
+    /// which a snapshot reads while the period is still going).
+    pub(crate) unopened_since: Mutex<Option<Instant>>,
 }
 
 impl LeaderState {
@@ -72,6 +77,7 @@ impl LeaderState {
         LeaderState {
             provider,
             current: Mutex::new(None),
+            unopened_since: Mutex::new(None),
         }
     }
 
@@ -320,8 +326,16 @@ impl Runner {
 
     /// Leader: runs the transport until a command, a step-down or a lost lease.
     fn lead(&mut self, turn: Turn) -> Ended {
-        self.generation += 1;
         let token = turn.fencing_token();
+        // A pushed grant may arrive late (a paused process, a slow network), after the
+        // backend let the lease lapse and granted it to another standby: one renewal
+        // round trip proves the lease is still ours before the transport starts.
+        if !self.replica.confirm(&turn.state) {
+            log::info!(target: "botmesh::leadership", "replica {} got a stale grant of provider {:?} (token {token}); campaigning again", self.replica.id, self.state.provider);
+            drop(turn.release());
+            return Ended::Deposed;
+        }
+        self.generation += 1;
         let granted = Instant::now();
         *self.state.current.lock() = Some(turn.state.clone());
         inc(&self.metrics.leadership_changes);
@@ -337,7 +351,7 @@ impl Runner {
         // When the transport's current closed period began, for provider_down.
         let mut down_since: Option<Instant> = None;
         // When the current period without an open session began, for leaderless_ms.
-        let mut unopened_since = Some(granted);
+        *self.state.unopened_since.lock() = Some(granted);
         let session = Session::new(self.intake.clone(), status, Some(token));
         // A panicking transport must not end the election thread: it counts as a
         // failed start, and the lease is still given up the normal way.
@@ -376,13 +390,21 @@ impl Runner {
                     match status {
                         Status::Open => {
                             down_since = None;
-                            if let Some(since) = unopened_since.take() {
+                            if let Some(since) = self.state.unopened_since.lock().take() {
                                 self.add_leaderless(now - since);
                             }
                         }
-                        Status::Closed(_) => {
+                        Status::Closed(reason) => {
                             down_since.get_or_insert(now);
-                            unopened_since.get_or_insert(now);
+                            self.state.unopened_since.lock().get_or_insert(now);
+                            // The platform saw a newer token, or a newer session took
+                            // over: unless a renewal proves the lease is still ours,
+                            // we were deposed; reconnecting would only fight.
+                            let fenced = matches!(reason, CloseReason::Fenced);
+                            let replaced = matches!(reason, CloseReason::Replaced);
+                            if fenced || (replaced && !self.replica.confirm(&turn.state)) {
+                                break Ended::Deposed;
+                            }
                         }
                         Status::Connecting => {}
                     }
@@ -395,7 +417,7 @@ impl Runner {
         if catch_unwind(AssertUnwindSafe(|| self.provider.stop())).is_err() {
             log::error!(target: "botmesh::leadership", "provider {:?} panicked in stop on replica {}", self.state.provider, self.replica.id);
         }
-        if let Some(since) = unopened_since {
+        if let Some(since) = self.state.unopened_since.lock().take() {
             self.add_leaderless(since.elapsed());
         }
         inc(&self.metrics.leadership_changes);

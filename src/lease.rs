@@ -70,6 +70,7 @@ fn renew_once(inner: &Arc<Inner>, last_ok: &mut Instant) {
             }
             inner.apply_recheck(&waiters, renewal.waiting);
             inner.bury_ghosts();
+            inner.release_suspects();
         }
         Err(e) => {
             inc(&inner.metrics.backend_errors);

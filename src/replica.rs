@@ -143,6 +143,9 @@ pub(crate) struct Inner {
     /// backend anyway: they are cancelled on the next renewal ticks, so they neither
     /// hold a place nor keep their message id claimed against a redelivery.
     ghosts: Mutex<Vec<PlacedWaiter>>,
+    /// Grants that found their waiter taken; released at the next tick unless a held
+    /// turn has that very grant (see `deliver`).
+    suspects: Mutex<Vec<(Arc<str>, Grant)>>,
     deadlines: Mutex<BinaryHeap<Reverse<(Instant, u64)>>>,
     deadlines_cv: Condvar,
     pub(crate) stop: Mutex<bool>,
@@ -213,6 +216,7 @@ impl Replica {
             waiting: Mutex::new(HashMap::default()),
             held: Mutex::new(HashMap::default()),
             ghosts: Mutex::new(Vec::new()),
+            suspects: Mutex::new(Vec::new()),
             deadlines: Mutex::new(BinaryHeap::new()),
             deadlines_cv: Condvar::new(),
             stop: Mutex::new(false),
@@ -437,6 +441,29 @@ impl Inner {
         w
     }
 
+    /// Confirms a held lease with one renewal round trip before something that must
+    /// not run on a stale grant (a pushed grant may arrive late, after the backend
+    /// gave the lease to someone else). Extends it by our clock on success.
+    pub(crate) fn confirm(&self, state: &TurnState) -> bool {
+        let sent = Instant::now();
+        let lease = state.lease();
+        match self
+            .coordinator
+            .renew(&self.id, std::slice::from_ref(&lease), &[])
+        {
+            Ok(r) if r.held.first() == Some(&true) => {
+                state.renewed(sent, self.ttl);
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                inc(&self.metrics.backend_errors);
+                log::debug!(target: "botmesh::replica", "confirming a lease failed: {e}");
+                false
+            }
+        }
+    }
+
     /// The chat's checkpoint (see [`Coordinator::read_checkpoint`]).
     pub(crate) fn read_checkpoint(
         &self,
@@ -595,7 +622,14 @@ impl Inner {
                 if ghost.is_some() {
                     self.release_ghost(chat, &grant);
                 } else {
+                    // Usually a second copy of a grant a turn now holds. But it may be
+                    // a later grant of a requeued copy of the ticket (the re-check
+                    // queued it again while an old push was on its way), which nobody
+                    // will use and which would hold the chat until its lease lapses.
+                    // The next renewal tick tells them apart, once the turn that took
+                    // the waiter is surely registered.
                     log::debug!(target: "botmesh::replica", "grant {} on chat {chat:?} already taken", grant.ticket);
+                    self.suspects.lock().push((Arc::from(chat), grant));
                 }
             }
         }
@@ -740,6 +774,23 @@ impl Inner {
 
     /// Cancels the tickets whose enqueue failed; called by the renewal tick. Stops at
     /// the first backend error (the rest wait for the next tick).
+    /// Releases the grants no held turn uses (see `deliver`); called by the renewal
+    /// tick.
+    pub(crate) fn release_suspects(self: &Arc<Self>) {
+        let suspects = std::mem::take(&mut *self.suspects.lock());
+        for (chat, grant) in suspects {
+            let in_use = self
+                .held
+                .lock()
+                .get(&grant.ticket.seq)
+                .is_some_and(|s| s.token == grant.token);
+            if !in_use {
+                log::debug!(target: "botmesh::replica", "releasing grant {} on chat {chat:?}: no turn uses it", grant.ticket);
+                self.release_ghost(&chat, &grant);
+            }
+        }
+    }
+
     pub(crate) fn bury_ghosts(self: &Arc<Self>) {
         let ghosts: Vec<PlacedWaiter> = std::mem::take(&mut *self.ghosts.lock());
         let mut left = Vec::new();

@@ -539,7 +539,16 @@ impl Bot {
 
     /// A snapshot of this replica's counters and gauges.
     pub fn metrics(&self) -> MetricsSnapshot {
-        self.shared.metrics.snapshot()
+        let mut m = self.shared.metrics.snapshot();
+        // A leadership still without an open session counts up to now.
+        let now = Instant::now();
+        for l in &self.leaders {
+            if let Some(since) = *l.state().unopened_since.lock() {
+                let ms = u64::try_from(now.saturating_duration_since(since).as_millis());
+                m.leaderless_ms += ms.unwrap_or(u64::MAX);
+            }
+        }
+        m
     }
 
     /// The fencing token of this replica's leadership of the provider with id
