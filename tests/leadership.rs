@@ -662,3 +662,150 @@ fn any_provider_id_works() {
     assert!(bot.leader_token(id).is_some());
     bot.shutdown();
 }
+
+/// A standby cut off from the coordinator (its renewals fail, pushes to it are held
+/// back, as behind a stalled network link) gets the lease pushed after the leader's
+/// clean stop; its liveness lapses, so the lease goes on to the next standby, which
+/// leads. When the link comes back the stale push arrives: the standby confirms it
+/// with one renewal, finds it is not the holder, and never starts the transport.
+#[test]
+fn a_late_grant_is_confirmed_before_leading() {
+    use botmesh::coordinator::{
+        EnqueueRequest, Enqueued, GrantSink, HeldLease, Released, Renewal, Waiting,
+    };
+    use botmesh::{BackendError, Coordinator, Grant, ReplicaId};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    struct Stalled {
+        inner: Arc<MemoryCoordinator>,
+        stalled: AtomicBool,
+        held_back: std::sync::Mutex<Vec<(String, Grant)>>,
+        sink: std::sync::Mutex<Option<GrantSink>>,
+        confirms: Sender<bool>,
+        enqueued: Sender<()>,
+    }
+    impl Coordinator for Stalled {
+        fn backend(&self) -> &'static str {
+            "stalled"
+        }
+        fn lease_ttl(&self) -> Duration {
+            self.inner.lease_ttl()
+        }
+        fn attach(&self, r: &ReplicaId, sink: GrantSink) -> Result<(), BackendError> {
+            *self.sink.lock().expect("sink") = Some(sink);
+            // Pushes go through `push` below, which holds them back while stalled.
+            let me = SELF.with(|s| s.borrow().clone()).expect("registered");
+            self.inner.attach(
+                r,
+                Arc::new(move |chat: &str, g: Grant| me.push(chat, g)),
+            )
+        }
+        fn detach(&self, r: &ReplicaId, h: &[HeldLease<'_>]) -> Result<(), BackendError> {
+            self.inner.detach(r, h)
+        }
+        fn enqueue(&self, q: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError> {
+            let r = self.inner.enqueue(q);
+            let _ = self.enqueued.send(());
+            r
+        }
+        fn cancel(&self, w: &Waiting<'_>) -> Result<Option<Grant>, BackendError> {
+            self.inner.cancel(w)
+        }
+        fn release(&self, l: &HeldLease<'_>, h: Option<&str>) -> Result<Released, BackendError> {
+            self.inner.release(l, h)
+        }
+        fn renew(
+            &self,
+            r: &ReplicaId,
+            l: &[HeldLease<'_>],
+            w: &[Waiting<'_>],
+        ) -> Result<Renewal, BackendError> {
+            if self.stalled.load(Ordering::SeqCst) {
+                return Err(BackendError::new("stalled (test)"));
+            }
+            let renewal = self.inner.renew(r, l, w)?;
+            if l.len() == 1 && w.is_empty() {
+                // One lease and no tickets: a confirmation before leading.
+                let _ = self.confirms.send(renewal.held[0]);
+            }
+            Ok(renewal)
+        }
+        fn write_checkpoint(&self, c: &str, t: u64, d: Option<&str>) -> Result<bool, BackendError> {
+            self.inner.write_checkpoint(c, t, d)
+        }
+        fn read_checkpoint(&self, c: &str) -> Result<Option<(u64, String)>, BackendError> {
+            self.inner.read_checkpoint(c)
+        }
+    }
+    impl Stalled {
+        fn push(&self, chat: &str, g: Grant) {
+            if self.stalled.load(Ordering::SeqCst) {
+                self.held_back.lock().expect("held").push((chat.to_owned(), g));
+            } else if let Some(sink) = self.sink.lock().expect("sink").clone() {
+                sink(chat, g);
+            }
+        }
+        fn flush(&self) {
+            self.stalled.store(false, Ordering::SeqCst);
+            let held: Vec<_> = self.held_back.lock().expect("held").drain(..).collect();
+            let sink = self.sink.lock().expect("sink").clone().expect("attached");
+            for (chat, g) in held {
+                sink(&chat, g);
+            }
+        }
+    }
+    thread_local! {
+        static SELF: std::cell::RefCell<Option<Arc<Stalled>>> = const { std::cell::RefCell::new(None) };
+    }
+
+    let _serial = serial();
+    let server = Server::start(true);
+    let shared = coordinator(Duration::from_millis(600));
+    let (confirms_tx, confirms) = unbounded();
+    let (enqueued_tx, enqueued) = unbounded();
+    let stalled = Arc::new(Stalled {
+        inner: shared.clone(),
+        stalled: AtomicBool::new(false),
+        held_back: std::sync::Mutex::new(Vec::new()),
+        sink: std::sync::Mutex::new(None),
+        confirms: confirms_tx,
+        enqueued: enqueued_tx,
+    });
+    SELF.with(|s| *s.borrow_mut() = Some(stalled.clone()));
+    let bot = |id: &str, coordinator: Arc<dyn Coordinator>| {
+        Bot::builder()
+            .id(id)
+            .workers(1)
+            .coordination(
+                CoordinationConfig::new(CoordinatorConfig::Shared(coordinator))
+                    .with_provider_session(ProviderSession::Leader),
+            )
+            .provider(Arc::new(Client::new(P, id, server.addr(), true)))
+            .handler(|_| Ok(()))
+            .build()
+            .expect("bot")
+    };
+    let b = bot("b", shared.clone());
+    assert_eq!(server.wait_opened(LONG).expect("b leads").0, "b");
+    let a = bot("a", stalled.clone());
+    // a campaigns (its ticket queued behind b) before c starts.
+    enqueued.recv_timeout(LONG).expect("a campaigns");
+    let c = bot("c", shared.clone());
+    stalled.stalled.store(true, Ordering::SeqCst);
+    b.shutdown();
+    // The push to a is held back; a's liveness lapses and c takes over.
+    let (next, _, _) = server.wait_opened(LONG).expect("a standby leads");
+    assert_eq!(next, "c", "the stalled standby must not lead");
+    stalled.flush();
+    assert_eq!(
+        confirms.recv_timeout(LONG),
+        Ok(false),
+        "a confirms the late grant, which is not the lease any more"
+    );
+    assert!(a.leader_token(P).is_none());
+    assert_eq!(server.conflicts(), 0);
+    assert_eq!(server.fenced(), 0, "a never presented its stale token");
+    a.shutdown();
+    c.shutdown();
+    assert!(server.sessions().iter().all(|(r, _)| r != "a"));
+}
