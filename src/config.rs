@@ -148,14 +148,16 @@ pub struct CoordinationConfig {
     /// Longest the chat's turn stays held after the handler returned, while a
     /// conversation step the message fed runs on to its next wait or its end. A step
     /// still running then is stopped (its checkpoint kept) and the turn is released;
-    /// a persistent flow runs that step again on the chat's next message. Zero gives
-    /// such a step no extra time. Default 1 minute (`settleMs`).
+    /// a persistent flow runs that step again on the chat's next message. Zero is
+    /// refused for a bot with flows (every step would be stopped at once). Default 1
+    /// minute (`settleMs`).
     pub settle: Duration,
     /// With leader sessions: how long the leader's transport may stay closed before
     /// this replica steps down so that a standby connects instead. Closed means: the
-    /// provider reported [`Status::Closed`](crate::Status::Closed), or failed to start,
-    /// and has not reported [`Status::Open`](crate::Status::Open) since (reconnect
-    /// attempts in between do not reset the clock). Default 1 minute
+    /// provider reported [`Status::Closed`](crate::Status::Closed), failed to start, or
+    /// has not reported [`Status::Open`](crate::Status::Open) since it was started, and
+    /// has not reported `Open` since (reconnect attempts in between do not reset the
+    /// clock). Zero steps down at once on the first close. Default 1 minute
     /// (`providerDownMs`).
     pub provider_down: Duration,
     /// Which replicas connect the provider's transport. Default

@@ -55,10 +55,18 @@ pub(crate) fn lease_name(provider: &str) -> String {
 
 /// How often a leader checks its lease by its own clock: a lease marked lost by the
 /// renewal thread is noticed within this period, one that ran out while the process
-/// was paused as soon as the thread runs again. A leader also gives the transport up
-/// this long before its lease would run out unrenewed.
+/// was paused as soon as the thread runs again.
 fn watch_period(ttl: Duration) -> Duration {
     (ttl / 10).clamp(Duration::from_millis(1), Duration::from_millis(100))
+}
+
+/// How long before its lease would run out unrenewed a leader gives the transport
+/// up: one renewal period (TTL/3), so that [`Provider::stop`] has that long to close
+/// the session before the backend could grant the lease to a standby. A healthy leader
+/// never gets this close (each renewal puts the end a TTL ahead); it takes two missed
+/// renewals in a row.
+fn give_up_margin(ttl: Duration) -> Duration {
+    ttl / 3
 }
 
 /// What this replica knows about one provider's leadership, shared by the leadership
@@ -179,6 +187,7 @@ impl Leadership {
             provider_down,
             period: crate::lease::period(ttl),
             watch: watch_period(ttl),
+            margin: give_up_margin(ttl),
             cmds: cmd_rx,
             status_tx,
             status_rx,
@@ -238,6 +247,7 @@ struct Runner {
     /// leader that stepped down sits out.
     period: Duration,
     watch: Duration,
+    margin: Duration,
     cmds: Receiver<Cmd>,
     status_tx: Sender<(u64, Status)>,
     status_rx: Receiver<(u64, Status)>,
@@ -348,8 +358,9 @@ impl Runner {
             self.generation,
             Some(self.status_tx.clone()),
         );
-        // When the transport's current closed period began, for provider_down.
-        let mut down_since: Option<Instant> = None;
+        // Since when the transport has not been open, for provider_down: from the grant,
+        // so a transport that never opens (stuck connecting) steps down too.
+        let mut down_since: Option<Instant> = Some(granted);
         // When the current period without an open session began, for leaderless_ms.
         *self.state.unopened_since.lock() = Some(granted);
         let session = Session::new(self.intake.clone(), status, Some(token));
@@ -359,13 +370,12 @@ impl Runner {
             .unwrap_or_else(|_| Err(ProviderError("start panicked".into())));
         if let Err(e) = started {
             log::warn!(target: "botmesh::leadership", "provider {:?} failed to start on replica {}: {e}", self.state.provider, self.replica.id);
-            down_since = Some(granted);
         }
         let ended = loop {
-            // One watch period early: checked every watch period, the transport is
+            // One renewal period early (checked every watch period): the transport is
             // then stopped before the lease could run out by our clock, which is
             // before the backend could grant it to a standby.
-            if turn.state.expires_within(self.watch) {
+            if turn.state.expires_within(self.margin + self.watch) {
                 break Ended::Deposed;
             }
             let mut timeout = self.watch;

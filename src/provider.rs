@@ -278,14 +278,23 @@ pub trait Provider: Send + Sync {
     /// # Errors
     /// [`ProviderError`] when the transport cannot start. In shared mode and without
     /// coordination the bot then does not start; with leader sessions the failure
-    /// counts as a closed transport (the leader steps down after `provider_down`).
+    /// counts as a closed transport and `start` is not called again during that
+    /// leadership (the leader steps down after `provider_down`): a transport that
+    /// should retry returns `Ok`, retries on its own thread and reports `Connecting`
+    /// / `Closed` meanwhile. With leader sessions a transport that has not reported
+    /// [`Status::Open`] within `provider_down` of its start counts as down too.
     fn start(&self, session: Session) -> Result<(), ProviderError>;
 
     /// Disconnects and returns once the session is closed: no message is delivered
     /// after it returns, and the runtime ignores later status reports of that session.
     /// With leader sessions the runtime stops the transport before it gives up the
-    /// leadership, so the next leader's session never overlaps this one. Must not
-    /// block for long.
+    /// leadership, so the next leader's session never overlaps this one. When the
+    /// leader's renewals fail, it calls `stop` one renewal period (lease TTL/3) before
+    /// its lease could run out: `stop` must return within that, or the next leader's
+    /// session may overlap this one. Do not wait in `stop` for a thread that may be
+    /// inside [`Intake::deliver`](crate::Intake::deliver): `deliver` can block up to
+    /// the backend's command timeout when the coordinator is unreachable; tell it to
+    /// drop what it delivers instead.
     fn stop(&self);
 
     /// Sends a text to a chat. Called from the bot's worker threads, possibly

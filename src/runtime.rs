@@ -87,7 +87,9 @@ impl Context<'_> {
     ///
     /// # Errors
     /// [`ProviderError`] when the bot has no provider, when the turn's lease was lost
-    /// (a deposed holder must not speak for the chat), or when the transport fails.
+    /// (a deposed holder must not speak for the chat), when the provider runs in
+    /// leader mode and this replica does not hold a live leadership of it, or when the
+    /// transport fails.
     pub fn reply(&self, text: &str) -> Result<(), ProviderError> {
         if self.turn.is_lost() {
             return Err(ProviderError(format!(
@@ -566,11 +568,12 @@ impl Bot {
         self.shared.sched.lock().in_flight
     }
 
-    /// A clean stop: providers stop (a leader stops its transport, then releases its
-    /// leadership so a standby takes over at once; replies of messages still running
-    /// here are refused from then on), intake refuses new messages, every message
-    /// taken in runs to its end (each still bounded by `turn_wait`), then the workers
-    /// stop and every turn is released at the coordinator.
+    /// A clean stop: intake refuses new messages (a provider's `deliver` gets
+    /// `shutting_down`, so the platform sends them again), every message taken in runs
+    /// to its end (each still bounded by `turn_wait`) with its replies still going out,
+    /// then providers stop (a leader stops its transport, then releases its leadership
+    /// so a standby takes over at once), the workers stop and every turn is released
+    /// at the coordinator.
     pub fn shutdown(mut self) {
         self.drain(None);
     }
@@ -620,7 +623,11 @@ impl Bot {
     }
 
     fn drain(&mut self, grace: Option<Duration>) {
-        self.stop_providers();
+        // Intake closes first and the providers stop last: the replies of messages
+        // still running here go out through a transport that is still up (and, in
+        // leader mode, under a leadership that is still held). Messages a transport
+        // delivers meanwhile are refused (`shutting_down`), so the platform sends them
+        // again, to the next leader.
         let deadline = grace.and_then(|g| Instant::now().checked_add(g));
         {
             let mut s = self.shared.sched.lock();
@@ -647,6 +654,7 @@ impl Bot {
                 self.shared.idle_cv.wait(&mut s);
             }
         }
+        self.stop_providers();
         self.stop_timer(true);
         self.stop_workers();
         if let Some(r) = self.replica.take() {

@@ -695,10 +695,8 @@ fn a_late_grant_is_confirmed_before_leading() {
             *self.sink.lock().expect("sink") = Some(sink);
             // Pushes go through `push` below, which holds them back while stalled.
             let me = SELF.with(|s| s.borrow().clone()).expect("registered");
-            self.inner.attach(
-                r,
-                Arc::new(move |chat: &str, g: Grant| me.push(chat, g)),
-            )
+            self.inner
+                .attach(r, Arc::new(move |chat: &str, g: Grant| me.push(chat, g)))
         }
         fn detach(&self, r: &ReplicaId, h: &[HeldLease<'_>]) -> Result<(), BackendError> {
             self.inner.detach(r, h)
@@ -740,7 +738,10 @@ fn a_late_grant_is_confirmed_before_leading() {
     impl Stalled {
         fn push(&self, chat: &str, g: Grant) {
             if self.stalled.load(Ordering::SeqCst) {
-                self.held_back.lock().expect("held").push((chat.to_owned(), g));
+                self.held_back
+                    .lock()
+                    .expect("held")
+                    .push((chat.to_owned(), g));
             } else if let Some(sink) = self.sink.lock().expect("sink").clone() {
                 sink(chat, g);
             }
@@ -808,4 +809,97 @@ fn a_late_grant_is_confirmed_before_leading() {
     a.shutdown();
     c.shutdown();
     assert!(server.sessions().iter().all(|(r, _)| r != "a"));
+}
+
+/// A clean stop lets the messages still running finish with their replies going out:
+/// the transport and the leadership stay up until they end (intake refuses new
+/// messages meanwhile).
+#[test]
+fn shutdown_lets_running_messages_reply() {
+    let _serial = serial();
+    let server = Server::start(true);
+    let (gate_tx, gate) = unbounded::<()>();
+    let (replied_tx, replied) = unbounded::<Result<(), String>>();
+    let (running_tx, running) = unbounded::<()>();
+    let config = CoordinationConfig::new(CoordinatorConfig::Shared(coordinator(
+        Duration::from_secs(3),
+    )))
+    .with_provider_session(ProviderSession::Leader);
+    let bot = Bot::builder()
+        .id("solo")
+        .coordination(config)
+        .provider(Arc::new(Client::new(P, "solo", server.addr(), true)))
+        .handler(move |ctx| {
+            if ctx.message().text == "slow" {
+                let _ = running_tx.send(());
+                let _ = gate.recv_timeout(LONG);
+                let _ = replied_tx.send(ctx.reply("done").map_err(|e| e.to_string()));
+            }
+            Ok(())
+        })
+        .build()
+        .expect("bot");
+    server.wait_opened(LONG).expect("it leads");
+    let intake = bot.intake();
+    intake.deliver(Message::new("c", "slow")).expect("deliver");
+    running.recv_timeout(LONG).expect("the handler runs");
+    let stopper = std::thread::spawn(move || bot.shutdown());
+    // Shutdown has begun once intake refuses.
+    let t0 = Instant::now();
+    while intake.deliver(Message::new("probe", "x")).is_ok() {
+        assert!(t0.elapsed() < LONG, "intake never closed");
+        std::thread::yield_now();
+    }
+    gate_tx.send(()).expect("gate");
+    assert_eq!(replied.recv_timeout(LONG).expect("the reply"), Ok(()));
+    stopper.join().expect("shutdown");
+    assert_eq!(server.conflicts(), 0);
+}
+
+/// A transport that never opens (it only ever reports connecting) counts as down:
+/// the leader steps down after `provider_down` and, alone, tries again.
+#[test]
+fn a_transport_stuck_connecting_steps_down() {
+    struct Stuck {
+        starts: Sender<()>,
+    }
+    impl Provider for Stuck {
+        fn id(&self) -> &str {
+            P
+        }
+        fn capabilities(&self) -> botmesh::Capabilities {
+            botmesh::Capabilities {
+                exclusive_session: true,
+            }
+        }
+        fn start(&self, session: Session) -> Result<(), ProviderError> {
+            session.status().report(Status::Connecting);
+            let _ = self.starts.send(());
+            Ok(())
+        }
+        fn stop(&self) {}
+        fn send(&self, _: &str, _: &str) -> Result<(), ProviderError> {
+            Err(ProviderError("not connected".into()))
+        }
+    }
+    let _serial = serial();
+    let (starts_tx, starts) = unbounded();
+    let config = CoordinationConfig::new(CoordinatorConfig::Shared(coordinator(
+        Duration::from_millis(600),
+    )))
+    .with_provider_down(Duration::from_millis(200));
+    let bot = Bot::builder()
+        .id("stuck")
+        .coordination(config)
+        .provider(Arc::new(Stuck { starts: starts_tx }))
+        .handler(|_| Ok(()))
+        .build()
+        .expect("bot");
+    starts.recv_timeout(LONG).expect("it leads");
+    starts
+        .recv_timeout(LONG)
+        .expect("it stepped down and leads again");
+    let m = bot.metrics();
+    assert!(m.leadership_changes >= 3, "{m}");
+    bot.shutdown();
 }
