@@ -58,7 +58,7 @@
 //! }
 //! assert_eq!(handled.load(Ordering::Relaxed), 10);
 //! ```
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![deny(clippy::unwrap_used)]
 
@@ -66,6 +66,8 @@ pub mod config;
 mod conversation;
 pub mod coordinator;
 mod error;
+#[cfg(feature = "ffi")]
+pub mod ffi;
 pub mod flow;
 mod leadership;
 pub mod lease;
