@@ -260,6 +260,9 @@ pub unsafe extern "C" fn botmesh_bot_new(
         let Some(handler) = handler else {
             return Err((BOTMESH_INVALID, "handler: NULL".into()));
         };
+        if workers == 0 {
+            return Err((BOTMESH_INVALID, "workers: 0; use at least 1".into()));
+        }
         let data = UserData(user_data);
         let mut builder = Bot::builder()
             .id(id)
