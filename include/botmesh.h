@@ -60,12 +60,17 @@ void botmesh_config_free(botmesh_config *config);
 botmesh_bot *botmesh_bot_new(const char *id, uint32_t workers, const botmesh_config *config,
                              botmesh_handler handler, botmesh_send send, void *user_data,
                              botmesh_error *err);
-/* Takes a message in; returns once it holds its place in its chat's queue.
- * message_id may be NULL (no duplicate suppression). */
+/* Takes a message in; returns once it holds its place in its chat's queue (the
+ * handler runs later, on a worker). message_id may be NULL (no duplicate
+ * suppression). Safe to call from several threads at once. Returns BOTMESH_OK,
+ * BOTMESH_DUPLICATE, BOTMESH_BACKEND or BOTMESH_SHUTTING_DOWN (not taken in: let the
+ * platform retry), BOTMESH_INVALID, BOTMESH_PANIC. */
 botmesh_status botmesh_bot_deliver(const botmesh_bot *bot, const char *chat,
                                    const char *message_id, const char *text,
                                    botmesh_error *err);
-/* Clean stop (every message taken in ends first), then frees the bot. */
+/* Clean stop (every message taken in ends first), then frees the bot. No other call
+ * may use `bot` once this is called (stop your intake threads first); handlers still
+ * running finish before it returns. */
 void botmesh_bot_shutdown(botmesh_bot *bot);
 
 /* Inside a handler. */
