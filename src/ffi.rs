@@ -46,10 +46,32 @@ pub const BOTMESH_SEND_FAILED: c_int = 6;
 /// Rust code panicked; the message says where. Nothing was unwound into C.
 pub const BOTMESH_PANIC: c_int = 7;
 
-/// An error message holder owned by the caller (`botmesh_error`).
+/// An error message holder owned by the caller (`botmesh_error`): the status and
+/// message of the last call that was given it.
 #[derive(Debug)]
 pub struct BotmeshError {
     message: CString,
+    status: c_int,
+}
+
+/// How a message ended, as the outcome callback hears it.
+pub const BOTMESH_OUTCOME_HANDLED: c_int = 0;
+/// The handler returned non-zero (or panicked); the message counts as ended and its
+/// id as seen.
+pub const BOTMESH_OUTCOME_FAILED: c_int = 1;
+/// It did not run: its wait for the chat's turn ran out, its lease was lost, the
+/// coordinator failed, or the bot stopped.
+pub const BOTMESH_OUTCOME_DROPPED: c_int = 2;
+/// A duplicate of a message id seen recently.
+pub const BOTMESH_OUTCOME_DUPLICATE: c_int = 3;
+
+/// The most worker threads a bot may ask for from C.
+const MAX_WORKERS: u32 = 1024;
+
+thread_local! {
+    /// Set while a C handler runs on this thread: stopping the bot from there would
+    /// wait for the handler itself.
+    static IN_HANDLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// A configuration with its coordinator built once (`botmesh_config`): bots built from
@@ -59,10 +81,13 @@ pub struct BotmeshConfig {
     config: CoordinationConfig,
 }
 
-/// A running bot (`botmesh_bot`).
+/// A running bot (`botmesh_bot`). Intake stays usable after a stop (it refuses),
+/// so that threads still delivering never touch freed memory before the host frees
+/// the handle.
 #[derive(Debug)]
 pub struct BotmeshBot {
-    bot: Option<Bot>,
+    intake: crate::runtime::Intake,
+    bot: parking_lot::Mutex<Option<Bot>>,
 }
 
 /// What a handler sees (`botmesh_context`), valid while the handler runs.
@@ -77,6 +102,16 @@ pub struct BotmeshContext<'a> {
 /// failed.
 pub type BotmeshHandler =
     Option<unsafe extern "C" fn(ctx: *const BotmeshContext<'_>, user_data: *mut c_void) -> c_int>;
+/// The C outcome callback: `(chat, message_id or NULL, outcome, detail, user_data)`.
+pub type BotmeshOutcome = Option<
+    unsafe extern "C" fn(
+        chat: *const c_char,
+        message_id: *const c_char,
+        outcome: c_int,
+        detail: *const c_char,
+        user_data: *mut c_void,
+    ),
+>;
 /// The C transport's send: returns 0 when the text was sent.
 pub type BotmeshSend = Option<
     unsafe extern "C" fn(chat: *const c_char, text: *const c_char, user_data: *mut c_void) -> c_int,
@@ -92,25 +127,40 @@ unsafe impl Send for UserData {}
 // SAFETY: as above.
 unsafe impl Sync for UserData {}
 
-fn set_error(err: *mut BotmeshError, message: &str) {
+fn set_error(err: *mut BotmeshError, status: c_int, message: &str) {
     if err.is_null() {
         return;
     }
     let message = CString::new(message.replace('\0', " ")).unwrap_or_default();
     // SAFETY: a non-NULL `err` is a live `botmesh_error` from `botmesh_error_new`.
-    unsafe { (*err).message = message };
+    unsafe {
+        (*err).message = message;
+        (*err).status = status;
+    }
 }
 
-/// Runs `f`, turning a panic into `BOTMESH_PANIC` with a message.
+/// Runs `f`, turning a panic into `BOTMESH_PANIC` with a message. `err` is reset
+/// first, so it never shows an older call's failure.
 fn guard(err: *mut BotmeshError, f: impl FnOnce() -> Result<c_int, (c_int, String)>) -> c_int {
+    set_error(err, BOTMESH_OK, "");
     match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(status)) => status,
+        Ok(Ok(status)) => {
+            if let Some(e) = (!err.is_null()).then_some(err) {
+                // SAFETY: as in `set_error`.
+                unsafe { (*e).status = status };
+            }
+            status
+        }
         Ok(Err((status, message))) => {
-            set_error(err, &message);
+            set_error(err, status, &message);
             status
         }
         Err(panic) => {
-            set_error(err, &crate::runtime::panic_text("botmesh", &panic));
+            set_error(
+                err,
+                BOTMESH_PANIC,
+                &crate::runtime::panic_text("botmesh", &panic),
+            );
             BOTMESH_PANIC
         }
     }
@@ -135,7 +185,22 @@ unsafe fn str_arg<'a>(s: *const c_char, what: &str) -> Result<&'a str, (c_int, S
 pub extern "C" fn botmesh_error_new() -> *mut BotmeshError {
     Box::into_raw(Box::new(BotmeshError {
         message: CString::default(),
+        status: BOTMESH_OK,
     }))
+}
+
+/// The status of the last call that was given `err` (`BOTMESH_OK` when it
+/// succeeded); for the constructors, which return only NULL on failure.
+///
+/// # Safety
+/// `err` is NULL or from `botmesh_error_new`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn botmesh_error_status(err: *const BotmeshError) -> c_int {
+    if err.is_null() {
+        return BOTMESH_OK;
+    }
+    // SAFETY: per this function's contract.
+    unsafe { (*err).status }
 }
 
 /// The last message stored in `err` ("" when none); valid until the next call that
@@ -250,6 +315,7 @@ pub unsafe extern "C" fn botmesh_bot_new(
     config: *const BotmeshConfig,
     handler: BotmeshHandler,
     send: BotmeshSend,
+    on_outcome: BotmeshOutcome,
     user_data: *mut c_void,
     err: *mut BotmeshError,
 ) -> *mut BotmeshBot {
@@ -260,8 +326,11 @@ pub unsafe extern "C" fn botmesh_bot_new(
         let Some(handler) = handler else {
             return Err((BOTMESH_INVALID, "handler: NULL".into()));
         };
-        if workers == 0 {
-            return Err((BOTMESH_INVALID, "workers: 0; use at least 1".into()));
+        if workers == 0 || workers > MAX_WORKERS {
+            return Err((
+                BOTMESH_INVALID,
+                format!("workers: {workers}; use 1 to {MAX_WORKERS}"),
+            ));
         }
         let data = UserData(user_data);
         let mut builder = Bot::builder()
@@ -279,14 +348,37 @@ pub unsafe extern "C" fn botmesh_bot_new(
                     chat: CString::new(message.chat.as_str()).unwrap_or_default(),
                     text: CString::new(message.text.as_str()).unwrap_or_default(),
                 };
+                IN_HANDLER.with(|h| h.set(true));
                 // SAFETY: the host's handler, called as the header documents.
                 let rc = unsafe { handler(&c, data.0) };
+                IN_HANDLER.with(|h| h.set(false));
                 if rc == 0 {
                     Ok(())
                 } else {
                     Err(format!("the C handler returned {rc}").into())
                 }
             });
+        if let Some(on_outcome) = on_outcome {
+            builder = builder.on_outcome(move |m: &Message, o: &crate::message::Outcome| {
+                let data = data;
+                let (code, detail) = match o {
+                    crate::message::Outcome::Handled { .. } => {
+                        (BOTMESH_OUTCOME_HANDLED, String::new())
+                    }
+                    crate::message::Outcome::Failed(text) => (BOTMESH_OUTCOME_FAILED, text.clone()),
+                    crate::message::Outcome::Dropped(e) => (BOTMESH_OUTCOME_DROPPED, e.to_string()),
+                    crate::message::Outcome::Duplicate => {
+                        (BOTMESH_OUTCOME_DUPLICATE, String::new())
+                    }
+                };
+                let chat = CString::new(m.chat.as_str()).unwrap_or_default();
+                let id = m.id.as_deref().map(|i| CString::new(i).unwrap_or_default());
+                let detail = CString::new(detail.replace('\0', " ")).unwrap_or_default();
+                let id_ptr = id.as_ref().map_or(std::ptr::null(), |i| i.as_ptr());
+                // SAFETY: the host's callback, called as the header documents.
+                unsafe { on_outcome(chat.as_ptr(), id_ptr, code, detail.as_ptr(), data.0) };
+            });
+        }
         if !config.is_null() {
             // SAFETY: per this function's contract.
             builder = builder.coordination(unsafe { (*config).config.clone() });
@@ -295,7 +387,10 @@ pub unsafe extern "C" fn botmesh_bot_new(
             crate::runtime::StartError::Config(e) => (BOTMESH_CONFIG, e.to_string()),
             other => (BOTMESH_BACKEND, other.to_string()),
         })?;
-        out = Box::into_raw(Box::new(BotmeshBot { bot: Some(bot) }));
+        out = Box::into_raw(Box::new(BotmeshBot {
+            intake: bot.intake(),
+            bot: parking_lot::Mutex::new(Some(bot)),
+        }));
         Ok(BOTMESH_OK)
     });
     out
@@ -329,11 +424,10 @@ pub unsafe extern "C" fn botmesh_bot_deliver(
             // SAFETY: per this function's contract.
             message = message.with_id(unsafe { str_arg(message_id, "message_id") }?);
         }
-        // SAFETY: per this function's contract.
-        let Some(bot) = (unsafe { (*bot).bot.as_ref() }) else {
-            return Err((BOTMESH_SHUTTING_DOWN, "the bot was shut down".into()));
-        };
-        match bot.intake().deliver(message) {
+        // SAFETY: per this function's contract (the handle lives until freed; after a
+        // stop its intake refuses).
+        let intake = unsafe { &(*bot).intake };
+        match intake.deliver(message) {
             Ok(crate::replica::Accepted::Queued) => Ok(BOTMESH_OK),
             Ok(crate::replica::Accepted::Duplicate) => Ok(BOTMESH_DUPLICATE),
             Err(e) if e.reason == Reason::ShuttingDown => {
@@ -344,20 +438,51 @@ pub unsafe extern "C" fn botmesh_bot_deliver(
     })
 }
 
-/// Stops the bot cleanly (every message taken in ends first) and frees it. NULL is
-/// ignored.
+/// Stops the bot cleanly: intake refuses from now on (`BOTMESH_SHUTTING_DOWN`),
+/// every message taken in ends first, then the workers stop. The handle stays valid
+/// (threads still delivering get `BOTMESH_SHUTTING_DOWN`) until `botmesh_bot_free`.
+/// Returns `BOTMESH_INVALID` when called from a handler (it would wait for itself)
+/// or with a NULL bot; stopping twice is `BOTMESH_OK`.
 ///
 /// # Safety
-/// `bot` is NULL or from `botmesh_bot_new`, and is not used afterwards.
+/// `bot` is NULL or from `botmesh_bot_new` and not freed; `err` is NULL or from
+/// `botmesh_error_new`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn botmesh_bot_shutdown(bot: *mut BotmeshBot) {
+pub unsafe extern "C" fn botmesh_bot_stop(bot: *const BotmeshBot, err: *mut BotmeshError) -> c_int {
+    guard(err, || {
+        if bot.is_null() {
+            return Err((BOTMESH_INVALID, "bot: NULL".into()));
+        }
+        if IN_HANDLER.with(std::cell::Cell::get) {
+            return Err((
+                BOTMESH_INVALID,
+                "botmesh_bot_stop called from a handler: it would wait for that handler".into(),
+            ));
+        }
+        // SAFETY: per this function's contract.
+        let taken = unsafe { (*bot).bot.lock().take() };
+        if let Some(b) = taken {
+            b.shutdown();
+        }
+        Ok(BOTMESH_OK)
+    })
+}
+
+/// Frees a bot, stopping it first if `botmesh_bot_stop` was not called. NULL is
+/// ignored. No other thread may use the handle once this is called.
+///
+/// # Safety
+/// `bot` is NULL or from `botmesh_bot_new`; it is not used afterwards; not called
+/// from a handler.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn botmesh_bot_free(bot: *mut BotmeshBot) {
     if bot.is_null() {
         return;
     }
     // SAFETY: per this function's contract.
-    let mut bot = unsafe { Box::from_raw(bot) };
+    let bot = unsafe { Box::from_raw(bot) };
     let stopped = catch_unwind(AssertUnwindSafe(|| {
-        if let Some(b) = bot.bot.take() {
+        if let Some(b) = bot.bot.lock().take() {
             b.shutdown();
         }
     }));
@@ -366,12 +491,26 @@ pub unsafe extern "C" fn botmesh_bot_shutdown(bot: *mut BotmeshBot) {
     }
 }
 
+/// `botmesh_bot_stop` then `botmesh_bot_free`, for a host whose own intake has
+/// stopped.
+///
+/// # Safety
+/// As `botmesh_bot_free`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn botmesh_bot_shutdown(bot: *mut BotmeshBot) {
+    // SAFETY: per this function's contract.
+    unsafe { botmesh_bot_free(bot) }
+}
+
 /// The message's chat id (valid while the handler runs).
 ///
 /// # Safety
 /// `ctx` is the pointer the handler was given.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn botmesh_context_chat(ctx: *const BotmeshContext<'_>) -> *const c_char {
+    if ctx.is_null() {
+        return c"".as_ptr();
+    }
     // SAFETY: per this function's contract.
     unsafe { (*ctx).chat.as_ptr() }
 }
@@ -382,6 +521,9 @@ pub unsafe extern "C" fn botmesh_context_chat(ctx: *const BotmeshContext<'_>) ->
 /// `ctx` is the pointer the handler was given.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn botmesh_context_text(ctx: *const BotmeshContext<'_>) -> *const c_char {
+    if ctx.is_null() {
+        return c"".as_ptr();
+    }
     // SAFETY: per this function's contract.
     unsafe { (*ctx).text.as_ptr() }
 }
@@ -392,6 +534,9 @@ pub unsafe extern "C" fn botmesh_context_text(ctx: *const BotmeshContext<'_>) ->
 /// `ctx` is the pointer the handler was given.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn botmesh_context_fencing_token(ctx: *const BotmeshContext<'_>) -> u64 {
+    if ctx.is_null() {
+        return 0;
+    }
     // SAFETY: per this function's contract.
     unsafe { (*ctx).ctx.turn().fencing_token() }
 }
@@ -410,6 +555,9 @@ pub unsafe extern "C" fn botmesh_context_reply(
     err: *mut BotmeshError,
 ) -> c_int {
     guard(err, || {
+        if ctx.is_null() {
+            return Err((BOTMESH_INVALID, "ctx: NULL".into()));
+        }
         // SAFETY: per this function's contract.
         let text = unsafe { str_arg(text, "text") }?;
         // SAFETY: per this function's contract.

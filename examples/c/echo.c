@@ -30,6 +30,19 @@ static int handle(const botmesh_context *ctx, void *user_data) {
     return botmesh_context_reply(ctx, reply, NULL) == BOTMESH_OK ? 0 : 1;
 }
 
+static int outcomes[4];
+
+static void on_outcome(const char *chat, const char *message_id, int outcome,
+                       const char *detail, void *user_data) {
+    (void)chat;
+    (void)message_id;
+    (void)detail;
+    (void)user_data;
+    pthread_mutex_lock(&lock);
+    if (outcome >= 0 && outcome < 4) outcomes[outcome]++;
+    pthread_mutex_unlock(&lock);
+}
+
 static int send_text(const char *chat, const char *text, void *user_data) {
     (void)chat;
     (void)text;
@@ -58,8 +71,13 @@ int main(void) {
         fprintf(stderr, "config: %s\n", botmesh_error_message(err));
         return 2;
     }
-    botmesh_bot *a = botmesh_bot_new("replica-a", 2, config, handle, send_text, NULL, err);
-    botmesh_bot *b = botmesh_bot_new("replica-b", 2, config, handle, send_text, NULL, err);
+    if (botmesh_bot_new("x", 0, config, handle, NULL, NULL, NULL, err) != NULL ||
+        botmesh_error_status(err) != BOTMESH_INVALID) {
+        fprintf(stderr, "zero workers not refused\n");
+        failures++;
+    }
+    botmesh_bot *a = botmesh_bot_new("replica-a", 2, config, handle, send_text, on_outcome, NULL, err);
+    botmesh_bot *b = botmesh_bot_new("replica-b", 2, config, handle, send_text, on_outcome, NULL, err);
     if (a == NULL || b == NULL) {
         fprintf(stderr, "bot: %s\n", botmesh_error_message(err));
         return 2;
@@ -87,13 +105,26 @@ int main(void) {
         fprintf(stderr, "NULL chat not refused\n");
         failures++;
     }
-    botmesh_bot_shutdown(a);
-    botmesh_bot_shutdown(b);
+    /* Stop, then a late delivery is refused without touching freed memory; then free. */
+    if (botmesh_bot_stop(a, err) != BOTMESH_OK || botmesh_bot_stop(b, err) != BOTMESH_OK) {
+        fprintf(stderr, "stop: %s\n", botmesh_error_message(err));
+        failures++;
+    }
+    if (botmesh_bot_deliver(a, "chat-0", NULL, "late", err) != BOTMESH_SHUTTING_DOWN) {
+        fprintf(stderr, "delivery after stop not refused\n");
+        failures++;
+    }
+    botmesh_bot_free(a);
+    botmesh_bot_free(b);
     botmesh_config_free(config);
     botmesh_error_free(err);
 
-    printf("replies=%d expected=%d out_of_order=%d\n", replies, CHATS * PER_CHAT, out_of_order);
-    if (replies != CHATS * PER_CHAT || out_of_order != 0) failures++;
+    printf("replies=%d expected=%d out_of_order=%d handled=%d duplicates=%d\n", replies,
+           CHATS * PER_CHAT, out_of_order, outcomes[BOTMESH_OUTCOME_HANDLED],
+           outcomes[BOTMESH_OUTCOME_DUPLICATE]);
+    if (replies != CHATS * PER_CHAT || out_of_order != 0 ||
+        outcomes[BOTMESH_OUTCOME_HANDLED] != CHATS * PER_CHAT || outcomes[BOTMESH_OUTCOME_DUPLICATE] != 1)
+        failures++;
     printf("{\"replies\":%d,\"out_of_order\":%d,\"ok\":%s}\n", replies, out_of_order,
            failures == 0 ? "true" : "false");
     return failures == 0 ? 0 : 1;
