@@ -247,28 +247,22 @@ impl Platform {
 
     /// Waits until the bot sends `until` on `chat`; returns what it sent up to then.
     fn until_sent(&mut self, chat: &str, until: &str) -> Result<Vec<String>, String> {
-        let mut sent = Vec::new();
-        loop {
-            let (who, l) = self.next()?;
-            let parts: Vec<&str> = l.split('\t').collect();
-            match parts.as_slice() {
-                ["sent", c, t] if *c == chat => {
-                    println!("  bot  {chat:>5} <- {who}: {t}");
-                    sent.push((*t).to_owned());
-                    if until == *t {
-                        return Ok(sent);
-                    }
-                }
-                ["ended", c, t, kind] if *c == chat => {
-                    return Err(format!("{t:?} on {chat} ended ({kind}) before {until:?}"));
-                }
-                _ => {}
-            }
-        }
+        self.watch(chat, Some(until), None)
     }
 
     /// Waits for the end of a message already sent; returns what was sent meanwhile.
     fn wait_end(&mut self, chat: &str, text: &str) -> Result<Vec<String>, String> {
+        self.watch(chat, None, Some(text))
+    }
+
+    /// Prints and collects what the bot sends on `chat` until it sends `until`, or
+    /// until the message `text` ended (an error unless it was handled).
+    fn watch(
+        &mut self,
+        chat: &str,
+        until: Option<&str>,
+        text: Option<&str>,
+    ) -> Result<Vec<String>, String> {
         let mut sent = Vec::new();
         loop {
             let (who, l) = self.next()?;
@@ -277,12 +271,16 @@ impl Platform {
                 ["sent", c, t] if *c == chat => {
                     println!("  bot  {chat:>5} <- {who}: {t}");
                     sent.push((*t).to_owned());
-                }
-                ["ended", c, t, kind] if *c == chat && *t == text => {
-                    if *kind != "handled" {
-                        return Err(format!("{text:?} on {chat} ended {kind}"));
+                    if until == Some(*t) {
+                        return Ok(sent);
                     }
-                    return Ok(sent);
+                }
+                ["ended", c, t, kind] if *c == chat && text.is_none_or(|x| x == *t) => {
+                    return match (until, *kind) {
+                        (Some(u), _) => Err(format!("{t:?} on {chat} ended ({kind}) before {u:?}")),
+                        (None, "handled") => Ok(sent),
+                        (None, _) => Err(format!("{t:?} on {chat} ended {kind}")),
+                    };
                 }
                 _ => {}
             }

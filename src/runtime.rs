@@ -907,20 +907,8 @@ impl Shared {
             return self.end(message, Outcome::Dropped(e));
         }
         let (failure, _) = self.call_handler(message, &turn);
-        let token = turn.fencing_token();
         let waited = turn.waited();
-        if self.replica.is_aborted() {
-            // A crashed replica reports nothing; the turn is not released.
-            drop(turn);
-            return self.finish();
-        }
-        let released = turn.release_handled();
-        let outcome = match (released, failure) {
-            (Err(e), _) => Outcome::Dropped(e),
-            (Ok(()), Some(text)) => Outcome::Failed(text),
-            (Ok(()), None) => Outcome::Handled { token, waited },
-        };
-        self.end(message, outcome);
+        self.finish_turn(Some(message), turn, failure, waited);
     }
 
     /// Reports how a message ended, once, and counts it out of the in-flight total.
@@ -1178,6 +1166,7 @@ impl Shared {
     ) {
         let token = turn.fencing_token();
         if self.replica.is_aborted() {
+            // A crashed replica reports nothing; the turn is not released.
             drop(turn);
             return self.finish();
         }
