@@ -86,7 +86,7 @@ impl ChatLock for Replica {
     type Held = Turn;
 
     fn lock(&self, chat: &str) -> Turn {
-        self.acquire(chat, WAIT)
+        self.acquire_timeout(chat, WAIT)
             .expect("the turn is granted well within the wait")
     }
 

@@ -63,7 +63,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use botmesh::memory::DEFAULT_DEDUP_WINDOW;
+use botmesh::DEFAULT_DEDUP_WINDOW;
 use botmesh::redis::{RedisCoordinator, RedisOptions};
 use botmesh::{Coordinator, MemoryCoordinator, Reason, Replica};
 use parking_lot::{Condvar, Mutex};
@@ -458,7 +458,7 @@ impl Job<'_> {
             return Round::Deadline;
         }
         let t_req = now_ns();
-        let turn = match self.replica.acquire(chat, wait) {
+        let turn = match self.replica.acquire_timeout(chat, wait) {
             Ok(turn) => turn,
             Err(e) if e.reason == Reason::Timeout => {
                 out.acquire_timeouts += 1;

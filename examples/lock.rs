@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use botmesh::memory::DEFAULT_DEDUP_WINDOW;
+use botmesh::DEFAULT_DEDUP_WINDOW;
 use botmesh::{MemoryCoordinator, Replica};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -22,7 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     for round in 0..3 {
         for r in [&a, &b] {
-            let turn = r.acquire("chat-1", Duration::from_secs(5))?;
+            let turn = r.acquire_timeout("chat-1", Duration::from_secs(5))?;
             println!(
                 "round {round}: {} holds chat-1 with fencing token {} (previous holder: {:?})",
                 turn.replica(),
@@ -34,12 +34,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // Replica `a` takes the chat and crashes without releasing it.
-    let held = a.acquire("chat-1", Duration::from_secs(5))?;
+    let held = a.acquire_timeout("chat-1", Duration::from_secs(5))?;
     let token = held.fencing_token();
     std::mem::forget(held);
     a.abort();
     let t0 = Instant::now();
-    let turn = b.acquire("chat-1", Duration::from_secs(5))?;
+    let turn = b.acquire_timeout("chat-1", Duration::from_secs(5))?;
     println!(
         "a crashed holding token {token}; b got chat-1 after {:?} (TTL {ttl:?}) with token {}",
         t0.elapsed(),

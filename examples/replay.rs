@@ -342,6 +342,12 @@ impl Run {
                 add(&self.tally.duplicates);
                 Ending::Duplicate
             }
+            // An outcome this example does not know yet counts as a failure, so the
+            // checker notices it.
+            other => {
+                add(&self.tally.failed);
+                Ending::Failed(format!("unknown outcome {other:?}"))
+            }
         };
         self.ended(index, ending);
     }

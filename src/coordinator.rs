@@ -289,3 +289,13 @@ pub trait Coordinator: Send + Sync + 'static {
 /// How long a chat's checkpoint is kept after its last write: 7 days. A user who
 /// leaves a form for longer starts over.
 pub const CHECKPOINT_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// How long a backend remembers an idle chat's last holder (for [`Grant::previous`]),
+/// and so how long a replica's in-memory conversation can be told current: 1 h.
+pub const HISTORY: Duration = Duration::from_secs(3600);
+
+/// The default lease TTL of every backend: 10 s.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+
+/// The default duplicate-suppression window of every backend: 10 min.
+pub const DEFAULT_DEDUP_WINDOW: Duration = Duration::from_secs(600);

@@ -6,6 +6,7 @@ use crate::coordinator::BackendError;
 
 /// Why a message could not be handled under its chat's turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Reason {
     /// The message waited longer than `turn_wait` for its chat's turn.
     Timeout,
@@ -100,6 +101,7 @@ pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Everything the bot reports through its error hook.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Error {
     /// A message was dropped: timeout, lost lease, backend down, shutting down.
     Coordination(CoordinationUnavailableError),
@@ -150,5 +152,16 @@ impl std::error::Error for Error {
             Error::Coordination(e) => Some(e),
             Error::Handler { .. } | Error::Flow { .. } => None,
         }
+    }
+}
+
+/// The text of a caught panic, naming what panicked.
+pub(crate) fn panic_text(what: &str, panic: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        format!("{what} panicked: {s}")
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        format!("{what} panicked: {s}")
+    } else {
+        format!("{what} panicked")
     }
 }

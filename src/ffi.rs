@@ -26,7 +26,7 @@ use crate::config::CoordinationConfig;
 use crate::error::Reason;
 use crate::message::Message;
 use crate::provider::{Provider, ProviderError, Session};
-use crate::runtime::{Bot, Context};
+use crate::{Bot, Context};
 
 /// Status codes of the C API (`botmesh_status`).
 pub const BOTMESH_OK: c_int = 0;
@@ -86,7 +86,7 @@ pub struct BotmeshConfig {
 /// the handle.
 #[derive(Debug)]
 pub struct BotmeshBot {
-    intake: crate::runtime::Intake,
+    intake: crate::Intake,
     bot: parking_lot::Mutex<Option<Bot>>,
 }
 
@@ -159,7 +159,7 @@ fn guard(err: *mut BotmeshError, f: impl FnOnce() -> Result<c_int, (c_int, Strin
             set_error(
                 err,
                 BOTMESH_PANIC,
-                &crate::runtime::panic_text("botmesh", &panic),
+                &crate::error::panic_text("botmesh", &panic),
             );
             BOTMESH_PANIC
         }
@@ -384,7 +384,7 @@ pub unsafe extern "C" fn botmesh_bot_new(
             builder = builder.coordination(unsafe { (*config).config.clone() });
         }
         let bot = builder.build().map_err(|e| match e {
-            crate::runtime::StartError::Config(e) => (BOTMESH_CONFIG, e.to_string()),
+            crate::StartError::Config(e) => (BOTMESH_CONFIG, e.to_string()),
             other => (BOTMESH_BACKEND, other.to_string()),
         })?;
         out = Box::into_raw(Box::new(BotmeshBot {
@@ -428,8 +428,8 @@ pub unsafe extern "C" fn botmesh_bot_deliver(
         // stop its intake refuses).
         let intake = unsafe { &(*bot).intake };
         match intake.deliver(message) {
-            Ok(crate::replica::Accepted::Queued) => Ok(BOTMESH_OK),
-            Ok(crate::replica::Accepted::Duplicate) => Ok(BOTMESH_DUPLICATE),
+            Ok(crate::Accepted::Queued) => Ok(BOTMESH_OK),
+            Ok(crate::Accepted::Duplicate) => Ok(BOTMESH_DUPLICATE),
             Err(e) if e.reason == Reason::ShuttingDown => {
                 Err((BOTMESH_SHUTTING_DOWN, e.to_string()))
             }

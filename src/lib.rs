@@ -16,7 +16,7 @@
 //!   Telegram long polling) is run by one replica at a time: the holder of the lease
 //!   `provider:<id>`, a turn on a reserved name. The others stand by and take over
 //!   when it stops (at once), crashes (within the TTL and one re-check) or steps down
-//!   because its transport stayed closed; see [`provider`].
+//!   because its transport stayed closed; see [`Provider`].
 //! - **Backends.** [`MemoryCoordinator`] for one process (and for tests: replicas as
 //!   threads, crashes included); `RedisCoordinator` (module [`redis`], feature
 //!   `redis`, on by default) for replicas in many processes and machines; other
@@ -58,45 +58,84 @@
 //! }
 //! assert_eq!(handled.load(Ordering::Relaxed), 10);
 //! ```
+//!
+//! # Layout
+//!
+//! Each module has one job and uses only the modules listed above it here (no
+//! import cycles; `tests/layout.rs` checks it):
+//!
+//! | layer | modules | job |
+//! | --- | --- | --- |
+//! | 1 | `clock`, `coordinator` | the time source; the backend contract and its shared constants |
+//! | 2 | `error`, `message`, `metrics`, `timer` | errors, messages and outcomes, counters, the one timer |
+//! | 3 | `memory/`, `redis/` | the backends (the memory backend's decisions are a pure table) |
+//! | 4 | `config/` | settings, loaded and checked |
+//! | 5 | `replica/` | the client side of the turn protocol: tickets, waiters, leases, renewal |
+//! | 6 | `intake` | where messages enter a bot |
+//! | 7 | `provider/` | transports and provider leadership |
+//! | 8 | `flow/` | the flow builder and what a step sees |
+//! | 9 | `conversation/` | the flow engine: routing, steps, checkpoints, handover |
+//! | 10 | `bot/` | the runtime: builder, scheduler, workers, handler context |
+//! | 11 | `ffi` | the C ABI (feature `ffi`) |
+//!
+//! Every public type has one path: the crate root. Only the Redis backend keeps a
+//! namespace of its own ([`redis`]), for its options and coordinator.
 #![deny(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![deny(clippy::unwrap_used)]
 
-pub mod config;
-mod conversation;
-pub mod coordinator;
+mod clock;
+mod coordinator;
+
 mod error;
-#[cfg(feature = "ffi")]
-pub mod ffi;
-pub mod flow;
-mod leadership;
-pub mod lease;
-pub mod memory;
 mod message;
 mod metrics;
-pub mod provider;
+mod timer;
+
+mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
-pub mod replica;
-pub mod runtime;
-pub mod turn;
 
+mod config;
+
+mod replica;
+
+mod intake;
+
+mod provider;
+
+mod flow;
+
+mod conversation;
+
+mod bot;
+
+#[cfg(feature = "ffi")]
+pub mod ffi;
+
+pub use bot::{
+    Bot, BotBuilder, Context, DEFAULT_WORKERS, ErrorHook, Handler, OutcomeHook, StartError,
+};
+pub use clock::Clock;
 pub use config::{
     ConfigError, CoordinationConfig, CoordinatorConfig, FallbackPolicy, FlowsPolicy,
     HandoverConfig, MemoryOptions, ProviderSession,
 };
-pub use coordinator::{BackendError, Coordinator, Grant, Previous, ReplicaId, Ticket, Token};
+pub use coordinator::{
+    BackendError, CHECKPOINT_TTL, Coordinator, DEFAULT_DEDUP_WINDOW, DEFAULT_LEASE_TTL,
+    EnqueueRequest, Enqueued, Grant, GrantSink, HISTORY, HeldLease, Previous, Released, Renewal,
+    ReplicaId, Ticket, TicketState, Token, Waiting,
+};
 pub use error::{CoordinationUnavailableError, Error, HandlerError, Reason};
 pub use flow::{Answer, Cancelled, Capture, Flow, State, StepContext};
+pub use intake::Intake;
 pub use memory::MemoryCoordinator;
 pub use message::{Message, Outcome};
 pub use metrics::{MetricsSnapshot, WAIT_BUCKETS};
 pub use provider::{
     Capabilities, CloseReason, Provider, ProviderError, Session, Status, StatusSender,
 };
-pub use replica::{Accepted, Replica};
-pub use runtime::{Bot, BotBuilder, Context, Intake, StartError};
-pub use turn::Turn;
+pub use replica::{Accepted, Replica, Turn};
 
 /// The README's Rust examples, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -70,6 +70,7 @@ impl fmt::Debug for Message {
 
 /// How a message that was taken in ended. Every accepted message ends exactly once.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum Outcome {
     /// The handler ran under the chat's turn and the turn was released cleanly.
     Handled {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use botmesh::memory::DEFAULT_DEDUP_WINDOW;
+use botmesh::DEFAULT_DEDUP_WINDOW;
 use botmesh::{
     Bot, CoordinationConfig, Coordinator, CoordinatorConfig, Flow, MemoryCoordinator, Message,
     Outcome, Provider, ProviderError, Session,

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use botmesh::coordinator::{
+use botmesh::{
     BackendError, EnqueueRequest, Enqueued, Grant, GrantSink, HeldLease, Released, ReplicaId,
     Waiting,
 };
@@ -219,7 +219,7 @@ impl Coordinator for NamedBackend {
         _: &ReplicaId,
         _: &[HeldLease<'_>],
         _: &[Waiting<'_>],
-    ) -> Result<botmesh::coordinator::Renewal, BackendError> {
+    ) -> Result<botmesh::Renewal, BackendError> {
         Err(BackendError::new("not used"))
     }
     fn write_checkpoint(&self, _: &str, _: u64, _: Option<&str>) -> Result<bool, BackendError> {

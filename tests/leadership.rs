@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use botmesh::memory::DEFAULT_DEDUP_WINDOW;
+use botmesh::DEFAULT_DEDUP_WINDOW;
 use botmesh::{
     Bot, CloseReason, CoordinationConfig, CoordinatorConfig, MemoryCoordinator, Message, Provider,
     ProviderError, ProviderSession, Reason, Replica, Session, StartError, Status,
@@ -500,7 +500,7 @@ fn chats_named_like_the_lease_do_not_collide() {
     // Chats first: the lease is still free.
     let held: Vec<_> = names
         .iter()
-        .map(|n| other.acquire(n, LONG).expect("chat"))
+        .map(|n| other.acquire_timeout(n, LONG).expect("chat"))
         .collect();
     for (turn, name) in held.iter().zip(names) {
         assert_eq!(turn.chat(), name);
@@ -512,14 +512,16 @@ fn chats_named_like_the_lease_do_not_collide() {
     let probe = Replica::start("probe", c.clone()).expect("replica");
     for name in names {
         let err = probe
-            .acquire(name, Duration::from_millis(50))
+            .acquire_timeout(name, Duration::from_millis(50))
             .expect_err("held");
         assert_eq!((err.reason, err.chat.as_str()), (Reason::Timeout, name));
     }
     drop(held);
     // Lease first: the chats are free.
     for name in names {
-        let turn = other.acquire(name, LONG).expect("free beside the lease");
+        let turn = other
+            .acquire_timeout(name, LONG)
+            .expect("free beside the lease");
         assert_eq!(turn.chat(), name);
         turn.release().expect("release");
     }
@@ -670,10 +672,8 @@ fn any_provider_id_works() {
 /// with one renewal, finds it is not the holder, and never starts the transport.
 #[test]
 fn a_late_grant_is_confirmed_before_leading() {
-    use botmesh::coordinator::{
-        EnqueueRequest, Enqueued, GrantSink, HeldLease, Released, Renewal, Waiting,
-    };
     use botmesh::{BackendError, Coordinator, Grant, ReplicaId};
+    use botmesh::{EnqueueRequest, Enqueued, GrantSink, HeldLease, Released, Renewal, Waiting};
     use std::sync::atomic::{AtomicBool, Ordering};
 
     struct Stalled {

@@ -250,7 +250,7 @@ fn chats_named_like_the_lease_do_not_collide() {
     let names = ["provider:platform", "\0provider:platform"];
     let held: Vec<_> = names
         .iter()
-        .map(|n| other.acquire(n, LONG).expect("chat"))
+        .map(|n| other.acquire_timeout(n, LONG).expect("chat"))
         .collect();
     for (turn, name) in held.iter().zip(names) {
         assert_eq!(turn.chat(), name);
@@ -269,13 +269,15 @@ fn chats_named_like_the_lease_do_not_collide() {
     let probe = Replica::start("probe", coordinator(&redis.url(), ttl)).expect("replica");
     for name in names {
         let err = probe
-            .acquire(name, Duration::from_millis(100))
+            .acquire_timeout(name, Duration::from_millis(100))
             .expect_err("held");
         assert_eq!((err.reason, err.chat.as_str()), (Reason::Timeout, name));
     }
     drop(held);
     for name in names {
-        let turn = other.acquire(name, LONG).expect("free beside the lease");
+        let turn = other
+            .acquire_timeout(name, LONG)
+            .expect("free beside the lease");
         assert_eq!(turn.chat(), name);
         turn.release().expect("release");
     }

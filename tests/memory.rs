@@ -5,7 +5,7 @@ mod conformance;
 use std::sync::Arc;
 use std::time::Duration;
 
-use botmesh::memory::DEFAULT_DEDUP_WINDOW;
+use botmesh::DEFAULT_DEDUP_WINDOW;
 use botmesh::{Coordinator, MemoryCoordinator};
 
 struct Memory(Arc<MemoryCoordinator>);

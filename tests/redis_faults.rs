@@ -9,11 +9,11 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use botmesh::coordinator::{EnqueueRequest, Enqueued, HeldLease, Released, Ticket};
 use botmesh::redis::{RedisCoordinator, RedisOptions};
 use botmesh::{
     Bot, CoordinationConfig, Coordinator, CoordinatorConfig, Message, Outcome, Reason, Replica,
 };
+use botmesh::{EnqueueRequest, Enqueued, HeldLease, Released, Ticket};
 use crossbeam_channel::unbounded;
 use support::{Proxy, RedisServer};
 
@@ -130,7 +130,7 @@ fn paused_holder_child() {
     let c = coordinator(&url, Duration::from_millis(300));
     let replica = Replica::start("paused", c).expect("start");
     let turn = replica
-        .acquire("chat", Duration::from_secs(5))
+        .acquire_timeout("chat", Duration::from_secs(5))
         .expect("acquire");
     println!("HELD {}", turn.fencing_token());
     let mut line = String::new();
@@ -182,7 +182,7 @@ fn paused_holder_is_fenced_off() {
     let c = coordinator(&server.url(), Duration::from_millis(300));
     let fresh = Replica::start("fresh", c).expect("start");
     let turn = fresh
-        .acquire("chat", Duration::from_secs(10))
+        .acquire_timeout("chat", Duration::from_secs(10))
         .expect("the paused holder's lease lapses");
     assert!(turn.fencing_token() > held);
     assert!(
@@ -216,11 +216,11 @@ fn killed_subscriber_connection() {
     let ttl = Duration::from_millis(600);
     let a = Replica::start("a", coordinator(&server.url(), ttl)).expect("start");
     let b = Arc::new(Replica::start("b", coordinator(&server.url(), ttl)).expect("start"));
-    let turn = a.acquire("chat", RECV).expect("acquire");
+    let turn = a.acquire_timeout("chat", RECV).expect("acquire");
     let (tx, rx) = unbounded();
     let b2 = b.clone();
     let waiter = std::thread::spawn(move || {
-        let got = b2.acquire("chat", RECV).map(|t| t.fencing_token());
+        let got = b2.acquire_timeout("chat", RECV).map(|t| t.fencing_token());
         let _ = tx.send(got);
     });
     while b.metrics().tickets_waiting == 0 {
@@ -343,7 +343,7 @@ fn paused_redis_does_not_hang() {
     let server = RedisServer::start();
     let c = coordinator(&server.url(), Duration::from_millis(300));
     let r = Replica::start("r", c).expect("start");
-    let turn = r.acquire("chat", RECV).expect("acquire");
+    let turn = r.acquire_timeout("chat", RECV).expect("acquire");
     server.pause();
     let t0 = std::time::Instant::now();
     while !turn.is_lost() {
@@ -353,7 +353,7 @@ fn paused_redis_does_not_hang() {
     let err = turn.release().expect_err("lost");
     assert_eq!(err.reason, Reason::Lost);
     let err = r
-        .acquire("other", Duration::from_millis(200))
+        .acquire_timeout("other", Duration::from_millis(200))
         .expect_err("backend down");
     assert!(
         matches!(err.reason, Reason::Backend | Reason::Timeout),
@@ -434,7 +434,10 @@ fn shutdown_with_paused_redis_is_bounded() {
     let r =
         Replica::start("r", coordinator(&server.url(), Duration::from_secs(10))).expect("start");
     let turns: Vec<_> = (0..20)
-        .map(|i| r.acquire(&format!("chat-{i}"), RECV).expect("acquire"))
+        .map(|i| {
+            r.acquire_timeout(&format!("chat-{i}"), RECV)
+                .expect("acquire")
+        })
         .collect();
     server.pause();
     let t0 = std::time::Instant::now();
@@ -471,7 +474,9 @@ fn acl_user_and_password() {
         .expect("disable the default user");
     let url = format!("redis://bot:s3cret-pass@127.0.0.1:{}", server.port());
     let r = Replica::start("r", coordinator(&url, Duration::from_secs(10))).expect("start");
-    let turn = r.acquire("chat", RECV).expect("acquire as the ACL user");
+    let turn = r
+        .acquire_timeout("chat", RECV)
+        .expect("acquire as the ACL user");
     turn.release().expect("release");
     r.shutdown();
     let bad = format!("redis://bot:wrong-pass@127.0.0.1:{}", server.port());

@@ -36,7 +36,7 @@ impl RedisSettings {
         Some(RedisSettings {
             url,
             key_prefix,
-            lease_ttl: o.lease_ttl.unwrap_or(botmesh::memory::DEFAULT_LEASE_TTL),
+            lease_ttl: o.lease_ttl.unwrap_or(botmesh::DEFAULT_LEASE_TTL),
         })
     }
 }

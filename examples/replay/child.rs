@@ -259,6 +259,9 @@ fn ended(out: &Out, replica: &str, message: &Message, outcome: &Outcome) {
         Outcome::Failed(text) => Ended::Failed {
             error: text.clone(),
         },
+        other => Ended::Failed {
+            error: format!("unknown outcome {other:?}"),
+        },
     };
     out.send(&FromReplica::Ended {
         index: delivery.index,

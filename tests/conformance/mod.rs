@@ -14,11 +14,11 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use botmesh::coordinator::{EnqueueRequest, Enqueued, HeldLease, Released, Ticket, Waiting};
 use botmesh::{
     Accepted, Bot, CoordinationConfig, Coordinator, CoordinatorConfig, Error, Message, Outcome,
     Reason, Replica,
 };
+use botmesh::{EnqueueRequest, Enqueued, HeldLease, Released, Ticket, Waiting};
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
 /// A backend under test.
@@ -174,7 +174,7 @@ pub fn exclusion_and_fencing<H: Harness>() {
             barrier.wait();
             for i in 0..200 {
                 let c = (t + i) % 3;
-                let turn = r.acquire(chats[c], LONG).expect("acquire");
+                let turn = r.acquire_timeout(chats[c], LONG).expect("acquire");
                 if holders[c].swap(true, Ordering::SeqCst) {
                     violations.fetch_add(1, Ordering::SeqCst);
                 }
@@ -359,7 +359,7 @@ pub fn stale_release_is_refused<H: Harness>() {
     };
     let fresh = Replica::start("fresh", c.clone()).expect("start");
     let turn = fresh
-        .acquire("chat", LONG)
+        .acquire_timeout("chat", LONG)
         .expect("the expired lease frees the chat");
     assert!(turn.fencing_token() > grant.token);
     assert_eq!(
@@ -416,10 +416,10 @@ pub fn lost_lease_is_reported<H: Harness>() {
     });
     let a = Replica::start("a", partitioned).expect("start");
     let b = Replica::start("b", h.coordinator()).expect("start");
-    let turn = a.acquire("chat", LONG).expect("acquire");
+    let turn = a.acquire_timeout("chat", LONG).expect("acquire");
     cut.store(true, Ordering::SeqCst);
     let next = b
-        .acquire("chat", LONG)
+        .acquire_timeout("chat", LONG)
         .expect("b gets the chat after a's lease lapsed");
     assert!(next.fencing_token() > turn.fencing_token());
     let t0 = Instant::now();
@@ -448,12 +448,12 @@ pub fn lost_wakeup_is_covered_by_recheck<H: Harness>() {
     });
     let a = Replica::start("a", h.coordinator()).expect("start");
     let b = Arc::new(Replica::start("b", deaf).expect("start"));
-    let turn = a.acquire("chat", LONG).expect("acquire");
+    let turn = a.acquire_timeout("chat", LONG).expect("acquire");
     let (tx, rx) = unbounded();
     let b2 = b.clone();
     let waiter = thread::spawn(move || {
         let t = b2
-            .acquire("chat", LONG)
+            .acquire_timeout("chat", LONG)
             .expect("b gets the turn without a wake-up");
         let _ = tx.send(Instant::now());
         drop(t);
@@ -495,8 +495,8 @@ impl Coordinator for Faulty {
     fn attach(
         &self,
         r: &botmesh::ReplicaId,
-        sink: botmesh::coordinator::GrantSink,
-    ) -> Result<(), botmesh::coordinator::BackendError> {
+        sink: botmesh::GrantSink,
+    ) -> Result<(), botmesh::BackendError> {
         if self.deaf {
             return self.inner.attach(r, Arc::new(|_: &str, _| {}));
         }
@@ -506,26 +506,20 @@ impl Coordinator for Faulty {
         &self,
         r: &botmesh::ReplicaId,
         h: &[HeldLease<'_>],
-    ) -> Result<(), botmesh::coordinator::BackendError> {
+    ) -> Result<(), botmesh::BackendError> {
         self.inner.detach(r, h)
     }
-    fn enqueue(
-        &self,
-        q: &EnqueueRequest<'_>,
-    ) -> Result<Enqueued, botmesh::coordinator::BackendError> {
+    fn enqueue(&self, q: &EnqueueRequest<'_>) -> Result<Enqueued, botmesh::BackendError> {
         self.inner.enqueue(q)
     }
-    fn cancel(
-        &self,
-        w: &Waiting<'_>,
-    ) -> Result<Option<botmesh::Grant>, botmesh::coordinator::BackendError> {
+    fn cancel(&self, w: &Waiting<'_>) -> Result<Option<botmesh::Grant>, botmesh::BackendError> {
         self.inner.cancel(w)
     }
     fn release(
         &self,
         l: &HeldLease<'_>,
         h: Option<&str>,
-    ) -> Result<Released, botmesh::coordinator::BackendError> {
+    ) -> Result<Released, botmesh::BackendError> {
         self.inner.release(l, h)
     }
     fn renew(
@@ -533,11 +527,9 @@ impl Coordinator for Faulty {
         r: &botmesh::ReplicaId,
         l: &[HeldLease<'_>],
         w: &[Waiting<'_>],
-    ) -> Result<botmesh::coordinator::Renewal, botmesh::coordinator::BackendError> {
+    ) -> Result<botmesh::Renewal, botmesh::BackendError> {
         if self.cut.load(Ordering::SeqCst) {
-            return Err(botmesh::coordinator::BackendError::new(
-                "partitioned (test)",
-            ));
+            return Err(botmesh::BackendError::new("partitioned (test)"));
         }
         self.inner.renew(r, l, w)
     }
@@ -546,18 +538,16 @@ impl Coordinator for Faulty {
         chat: &str,
         token: botmesh::Token,
         data: Option<&str>,
-    ) -> Result<bool, botmesh::coordinator::BackendError> {
+    ) -> Result<bool, botmesh::BackendError> {
         if self.cut.load(Ordering::SeqCst) {
-            return Err(botmesh::coordinator::BackendError::new(
-                "partitioned (test)",
-            ));
+            return Err(botmesh::BackendError::new("partitioned (test)"));
         }
         self.inner.write_checkpoint(chat, token, data)
     }
     fn read_checkpoint(
         &self,
         chat: &str,
-    ) -> Result<Option<(botmesh::Token, String)>, botmesh::coordinator::BackendError> {
+    ) -> Result<Option<(botmesh::Token, String)>, botmesh::BackendError> {
         self.inner.read_checkpoint(chat)
     }
 }
@@ -622,12 +612,14 @@ pub fn crashed_holder_frees_chat<H: Harness>() {
     let h = H::start(ttl);
     let a = Replica::start("a", h.coordinator()).expect("start");
     let b = Replica::start("b", h.coordinator()).expect("start");
-    let turn = a.acquire("chat", LONG).expect("acquire");
+    let turn = a.acquire_timeout("chat", LONG).expect("acquire");
     let first = turn.fencing_token();
     std::mem::forget(turn);
     let t0 = Instant::now();
     a.abort();
-    let next = b.acquire("chat", LONG).expect("the chat comes free");
+    let next = b
+        .acquire_timeout("chat", LONG)
+        .expect("the chat comes free");
     let waited = t0.elapsed();
     assert!(next.fencing_token() > first);
     assert!(next.is_handover());
@@ -672,11 +664,11 @@ pub fn clean_stop_frees_at_once<H: Harness>() {
     let h = H::start(Duration::from_secs(60));
     let a = Replica::start("a", h.coordinator()).expect("start");
     let b = Replica::start("b", h.coordinator()).expect("start");
-    let turn = a.acquire("chat", LONG).expect("acquire");
+    let turn = a.acquire_timeout("chat", LONG).expect("acquire");
     std::mem::forget(turn); // still held when `a` stops
     let (tx, rx) = unbounded();
     let waiter = thread::spawn(move || {
-        let t = b.acquire("chat", LONG);
+        let t = b.acquire_timeout("chat", LONG);
         let _ = tx.send(t.is_ok());
         drop(t);
         b.shutdown();
@@ -693,11 +685,11 @@ pub fn stopping_replica_loses_its_turns<H: Harness>() {
     let h = H::start(Duration::from_secs(60));
     let a = Replica::start("a", h.coordinator()).expect("start");
     let b = Replica::start("b", h.coordinator()).expect("start");
-    let turn = a.acquire("chat", LONG).expect("acquire");
+    let turn = a.acquire_timeout("chat", LONG).expect("acquire");
     a.shutdown();
     assert!(turn.is_lost());
     let next = b
-        .acquire("chat", Duration::from_secs(5))
+        .acquire_timeout("chat", Duration::from_secs(5))
         .expect("free at once");
     assert!(next.fencing_token() > turn.fencing_token());
     assert_eq!(turn.release().expect_err("stale").reason, Reason::Lost);
@@ -732,7 +724,7 @@ pub fn any_chat_id<H: Harness>() {
     let turns: Vec<_> = ids
         .iter()
         .map(|id| {
-            r.acquire(id, Duration::from_secs(2))
+            r.acquire_timeout(id, Duration::from_secs(2))
                 .unwrap_or_else(|e| panic!("{id:?}: {e}"))
         })
         .collect();
@@ -748,13 +740,13 @@ pub fn any_chat_id<H: Harness>() {
 pub fn tokens_rise_after_idle<H: Harness>() {
     let h = H::start(Duration::from_secs(10));
     let r = Replica::start("r", h.coordinator()).expect("start");
-    let t1 = r.acquire("chat", LONG).expect("acquire");
+    let t1 = r.acquire_timeout("chat", LONG).expect("acquire");
     let first = t1.fencing_token();
     t1.release().expect("release");
     assert_eq!(h.live_state(), 0);
     r.shutdown();
     let r2 = Replica::start("r-restarted", h.coordinator()).expect("start");
-    let t2 = r2.acquire("chat", LONG).expect("acquire");
+    let t2 = r2.acquire_timeout("chat", LONG).expect("acquire");
     assert!(t2.fencing_token() > first);
     drop(t2);
     r2.shutdown();
@@ -802,14 +794,14 @@ pub fn checkpoint_fencing<H: Harness>() {
     let b = Replica::start("ckpt-b", c.clone()).expect("b");
     let chat = "ckpt {chat}\n";
     assert_eq!(c.read_checkpoint(chat).expect("read"), None);
-    let ta = a.acquire(chat, LONG).expect("a turn");
+    let ta = a.acquire_timeout(chat, LONG).expect("a turn");
     let old = ta.fencing_token();
     assert!(
         c.write_checkpoint(chat, old, Some("from a"))
             .expect("write a")
     );
     ta.release().expect("release a");
-    let tb = b.acquire(chat, LONG).expect("b turn");
+    let tb = b.acquire_timeout(chat, LONG).expect("b turn");
     let new = tb.fencing_token();
     assert!(new > old);
     // B has not written yet: A's stale write is refused by the grant's token alone.
@@ -849,7 +841,7 @@ pub fn checkpoint_fencing<H: Harness>() {
         c.read_checkpoint(chat).expect("read"),
         Some((new, "from b".to_owned()))
     );
-    let tb = b.acquire(chat, LONG).expect("b again");
+    let tb = b.acquire_timeout(chat, LONG).expect("b again");
     assert!(
         c.write_checkpoint(chat, tb.fencing_token(), None)
             .expect("delete")

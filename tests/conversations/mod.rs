@@ -134,6 +134,7 @@ impl World {
                     Outcome::Failed(_) => "failed",
                     Outcome::Dropped(_) => "dropped",
                     Outcome::Duplicate => "duplicate",
+                    _ => "unknown",
                 };
                 let _ = ended.send((me.clone(), m.text.clone(), kind.to_owned()));
             });
@@ -468,7 +469,7 @@ pub fn unresumable_checkpoints_follow_the_fallback<B: Backend>() {
         if case == "garbage" || case == "format" {
             // Written under a fresh turn so the fenced write is accepted.
             let r = botmesh::Replica::start("fb-writer", w.coordinator.clone()).expect("writer");
-            let t = r.acquire("f", RECV).expect("turn");
+            let t = r.acquire_timeout("f", RECV).expect("turn");
             let data = if case == "garbage" {
                 "{not json".to_owned()
             } else {
@@ -673,42 +674,42 @@ impl Coordinator for Partition {
     fn attach(
         &self,
         r: &botmesh::ReplicaId,
-        sink: botmesh::coordinator::GrantSink,
+        sink: botmesh::GrantSink,
     ) -> Result<(), botmesh::BackendError> {
         self.inner.attach(r, sink)
     }
     fn detach(
         &self,
         r: &botmesh::ReplicaId,
-        h: &[botmesh::coordinator::HeldLease<'_>],
+        h: &[botmesh::HeldLease<'_>],
     ) -> Result<(), botmesh::BackendError> {
         self.inner.detach(r, h)
     }
     fn enqueue(
         &self,
-        q: &botmesh::coordinator::EnqueueRequest<'_>,
-    ) -> Result<botmesh::coordinator::Enqueued, botmesh::BackendError> {
+        q: &botmesh::EnqueueRequest<'_>,
+    ) -> Result<botmesh::Enqueued, botmesh::BackendError> {
         self.inner.enqueue(q)
     }
     fn cancel(
         &self,
-        w: &botmesh::coordinator::Waiting<'_>,
+        w: &botmesh::Waiting<'_>,
     ) -> Result<Option<botmesh::Grant>, botmesh::BackendError> {
         self.inner.cancel(w)
     }
     fn release(
         &self,
-        l: &botmesh::coordinator::HeldLease<'_>,
+        l: &botmesh::HeldLease<'_>,
         h: Option<&str>,
-    ) -> Result<botmesh::coordinator::Released, botmesh::BackendError> {
+    ) -> Result<botmesh::Released, botmesh::BackendError> {
         self.inner.release(l, h)
     }
     fn renew(
         &self,
         r: &botmesh::ReplicaId,
-        l: &[botmesh::coordinator::HeldLease<'_>],
-        w: &[botmesh::coordinator::Waiting<'_>],
-    ) -> Result<botmesh::coordinator::Renewal, botmesh::BackendError> {
+        l: &[botmesh::HeldLease<'_>],
+        w: &[botmesh::Waiting<'_>],
+    ) -> Result<botmesh::Renewal, botmesh::BackendError> {
         if self.cut.load(Ordering::SeqCst) {
             return Err(botmesh::BackendError::new("partitioned (test)"));
         }

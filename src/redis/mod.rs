@@ -65,124 +65,17 @@ use redis::{Client, Connection, ErrorKind, RedisError, Script, ServerErrorKind, 
 use serde::Deserialize;
 
 use crate::coordinator::{
-    BackendError, CHECKPOINT_TTL, Coordinator, EnqueueRequest, Enqueued, Grant, GrantSink,
-    HeldLease, Previous, Released, Renewal, ReplicaId, Ticket, TicketState, Token, Waiting,
+    BackendError, CHECKPOINT_TTL, Coordinator, DEFAULT_DEDUP_WINDOW, DEFAULT_LEASE_TTL,
+    EnqueueRequest, Enqueued, Grant, GrantSink, HISTORY, HeldLease, Released, Renewal, ReplicaId,
+    TicketState, Token, Waiting,
 };
 
-const PRELUDE: &str = include_str!("redis_scripts.lua");
+mod keys;
+mod scripts;
 
-/// The arguments every per-chat script takes: KEYS h, q, w, l and optionally m (the
-/// message claim); ARGV chat, ticket, TTL ms, history ms, wake channel prefix, then
-/// the script's own.
-const CHAT_ARGS: &str = r#"
-local h, q, w, l, m = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local chat, t = ARGV[1], ARGV[2]
-local ttl, hist, wake = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-"#;
+use keys::{ChatKeys, grant_from, parse_grant, ticket_str};
+use scripts::Scripts;
 
-const ENQUEUE: &str = r#"
-local hv = holder(h)
-if hv and hv[1] == t then return {'granted', t, hv[2], hv[3], hv[4]} end
-local queued = redis.call('LLEN', q)
-if queued > 0 and redis.call('LPOS', q, t) then return {'queued'} end
-local now = nil
-if m then
-  local c = redis.call('GET', m)
-  if c == '!' then return {'duplicate'} end
-  if c and c ~= t then
-    if hv and hv[1] == c then return {'duplicate'} end
-    if queued > 0 and redis.call('LPOS', q, c) then
-      local wc = tonumber(redis.call('HGET', w, replica_of(c)))
-      now = now_us()
-      if wc and wc > now then return {'duplicate'} end
-    end
-  end
-  if c then redis.call('SET', m, t, 'KEEPTTL') else redis.call('SET', m, t, 'PX', ARGV[6]) end
-end
-local mine = function(x) return x == t end
-if not hv and queued == 0 then
-  local g = grant(h, l, chat, t, now, ttl, hist, wake, mine)
-  return {'granted', t, g[2], g[3], g[4]}
-end
-now = now or now_us()
-redis.call('RPUSH', q, t)
-redis.call('HSET', w, replica_of(t), num(now + ttl * 1000))
-touch(q, w, ttl)
-if not hv then
-  local g = settle(h, q, w, l, chat, ttl, hist, wake, mine)
-  if g and g[1] == t then return {'granted', t, g[2], g[3], g[4]} end
-end
-return {'queued'}
-"#;
-
-const RELEASE: &str = r#"
-local me = ARGV[7]
-local hv = holder(h)
-if not hv or hv[1] ~= t or hv[2] ~= ARGV[6] then
-  -- Not ours any more. If the lease simply expired, move the chat on.
-  if not hv then settle(h, q, w, l, chat, ttl, hist, wake, never) end
-  return {'lost'}
-end
-redis.call('DEL', h)
-if m and redis.call('GET', m) == t then redis.call('SET', m, '!', 'KEEPTTL') end
-local g = settle(h, q, w, l, chat, ttl, hist, wake, function(x, r) return r == me end)
-if g and g[5] == me then return {'released', g[1], g[2], g[3], g[4]} end
-return {'released'}
-"#;
-
-const RENEW: &str = r#"
-local v = redis.call('GET', KEYS[1])
-local ours = ARGV[1] .. '\0' .. ARGV[2] .. '\0'
-if v and string.sub(v, 1, #ours) == ours then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return 1
-end
-return 0
-"#;
-
-const CHECK: &str = r#"
-local hv = holder_or_settle(h, q, w, l, chat, t, ttl, hist, wake)
-if hv and hv[1] == t then return {'granted', t, hv[2], hv[3], hv[4]} end
-if redis.call('LPOS', q, t) then
-  redis.call('HSET', w, replica_of(t), num(now_us() + ttl * 1000))
-  touch(q, w, ttl)
-  return {'waiting'}
-end
-return {'gone'}
-"#;
-
-const CANCEL: &str = r#"
-local hv = holder_or_settle(h, q, w, l, chat, t, ttl, hist, wake)
-if hv and hv[1] == t then return {'granted', t, hv[2], hv[3], hv[4]} end
-redis.call('LREM', q, 0, t)
-if m and redis.call('GET', m) == t then redis.call('DEL', m) end
-return {'cancelled'}
-"#;
-
-/// Writes or deletes a chat's checkpoint (KEYS h, c; ARGV token, ttl ms, data):
-/// refused (0) unless the chat's live holder (`h`, whose PX is the lease) has this
-/// token, or when the stored checkpoint's token is newer. Stored as `token NUL data`.
-const WRITE_CHECKPOINT: &str = r#"
-local token = tonumber(ARGV[1])
-local hv = redis.call('GET', KEYS[1])
-if not hv then return 0 end
-local k = tonumber(string.match(hv, '^[^%z]*%z([^%z]*)'))
-if k ~= token then return 0 end
-local cur = redis.call('GET', KEYS[2])
-if cur then
-  local k = tonumber(string.match(cur, '^[^%z]*'))
-  if k and token < k then return 0 end
-end
-if ARGV[3] then
-  redis.call('SET', KEYS[2], ARGV[1] .. '\0' .. ARGV[3], 'PX', ARGV[2])
-else
-  redis.call('DEL', KEYS[2])
-end
-return 1
-"#;
-
-/// How long the last holder of an idle chat is remembered (for [`Grant::previous`]).
-const HISTORY: Duration = Duration::from_secs(3600);
 /// Idle pooled connections kept at most.
 const POOL_MAX: usize = 64;
 
@@ -221,8 +114,8 @@ impl RedisOptions {
         RedisOptions {
             url: url.into(),
             key_prefix: "botmesh".into(),
-            lease_ttl: crate::memory::DEFAULT_LEASE_TTL,
-            dedup_window: crate::memory::DEFAULT_DEDUP_WINDOW,
+            lease_ttl: DEFAULT_LEASE_TTL,
+            dedup_window: DEFAULT_DEDUP_WINDOW,
             command_timeout: Duration::from_secs(2),
         }
     }
@@ -252,40 +145,6 @@ impl RedisOptions {
     }
 }
 
-struct Scripts {
-    enqueue: Script,
-    release: Script,
-    renew: Script,
-    check: Script,
-    cancel: Script,
-    write_checkpoint: Script,
-}
-
-impl Scripts {
-    fn new() -> Self {
-        let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}\n{CHAT_ARGS}\n{body}"));
-        Scripts {
-            enqueue: with_prelude(ENQUEUE),
-            release: with_prelude(RELEASE),
-            renew: Script::new(RENEW),
-            check: with_prelude(CHECK),
-            cancel: with_prelude(CANCEL),
-            write_checkpoint: Script::new(WRITE_CHECKPOINT),
-        }
-    }
-
-    fn all(&self) -> [&Script; 6] {
-        [
-            &self.enqueue,
-            &self.release,
-            &self.renew,
-            &self.check,
-            &self.cancel,
-            &self.write_checkpoint,
-        ]
-    }
-}
-
 struct Subscriber {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -302,7 +161,7 @@ struct Subscriber {
 /// let options = RedisOptions::new("redis://127.0.0.1:6379").with_key_prefix("mybot");
 /// let coordinator = Arc::new(RedisCoordinator::connect(options)?);
 /// let replica = Replica::start("pod-1", coordinator)?;
-/// let turn = replica.acquire("chat-1", std::time::Duration::from_secs(5))?;
+/// let turn = replica.acquire_timeout("chat-1", std::time::Duration::from_secs(5))?;
 /// turn.release()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -320,76 +179,6 @@ impl std::fmt::Debug for RedisCoordinator {
         f.debug_struct("RedisCoordinator")
             .field("options", &self.options)
             .finish_non_exhaustive()
-    }
-}
-
-/// One chat's keys.
-struct ChatKeys {
-    base: String,
-}
-
-impl ChatKeys {
-    fn new(prefix: &str, chat: &str) -> Self {
-        let mut base = String::with_capacity(prefix.len() + chat.len() + 4);
-        base.push_str(prefix);
-        base.push_str(":{");
-        for ch in chat.chars() {
-            match ch {
-                '%' => base.push_str("%25"),
-                '{' => base.push_str("%7B"),
-                '}' => base.push_str("%7D"),
-                c => base.push(c),
-            }
-        }
-        base.push('}');
-        ChatKeys { base }
-    }
-
-    fn key(&self, suffix: &str) -> String {
-        format!("{}:{suffix}", self.base)
-    }
-
-    fn claim(&self, message_id: &str) -> String {
-        format!("{}:m:{message_id}", self.base)
-    }
-}
-
-fn ticket_str(t: &Ticket) -> String {
-    format!("{}:{}", t.seq, t.replica)
-}
-
-fn parse_ticket(s: &str) -> Option<Ticket> {
-    let (seq, replica) = s.split_once(':')?;
-    Some(Ticket {
-        replica: Arc::from(replica),
-        seq: seq.parse().ok()?,
-    })
-}
-
-fn parse_grant(t: &str, k: &str, pr: &str, pk: &str) -> Result<Grant, BackendError> {
-    let ticket = parse_ticket(t).ok_or_else(|| BackendError::new("malformed ticket in Redis"))?;
-    let token = k
-        .parse()
-        .map_err(|_| BackendError::new("malformed token in Redis"))?;
-    let previous = match (pr, pk.parse()) {
-        ("", _) | (_, Err(_)) => None,
-        (replica, Ok(token)) => Some(Previous {
-            replica: Arc::from(replica),
-            token,
-        }),
-    };
-    Ok(Grant {
-        ticket,
-        token,
-        previous,
-    })
-}
-
-/// A grant reply `{tag, t, k, pr, pk}` from a script.
-fn grant_from(reply: &[String]) -> Result<Grant, BackendError> {
-    match reply {
-        [_, t, k, pr, pk, ..] => parse_grant(t, k, pr, pk),
-        _ => Err(BackendError::new("short grant reply from Redis")),
     }
 }
 
@@ -853,30 +642,5 @@ impl Coordinator for RedisCoordinator {
             });
         }
         Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chat_keys_are_injective_and_slot_safe() {
-        let a = ChatKeys::new("p", "{a}");
-        let b = ChatKeys::new("p", "%7Ba%7D");
-        assert_ne!(a.key("h"), b.key("h"));
-        assert_eq!(a.key("h"), "p:{%7Ba%7D}:h");
-        // The hash tag is the first {...}: the encoded chat, never part of it.
-        let k = ChatKeys::new("p", "x}y{z").key("q");
-        assert_eq!(k, "p:{x%7Dy%7Bz}:q");
-    }
-
-    #[test]
-    fn tickets_round_trip_with_colons_in_replica_names() {
-        let t = Ticket {
-            replica: Arc::from("pod:7"),
-            seq: 42,
-        };
-        assert_eq!(parse_ticket(&ticket_str(&t)), Some(t));
     }
 }

@@ -9,61 +9,31 @@
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use parking_lot::{Condvar, Mutex};
-use serde::{Deserialize, Serialize};
+use parking_lot::Mutex;
 
 use crate::config::{FallbackPolicy, FlowsPolicy, HandoverConfig};
-use crate::coordinator::Token;
-use crate::flow::{Answer, Cancelled, Capture, Flow, State, Step, StepContext, Trigger, words};
+use crate::coordinator::{HISTORY, Token};
+use crate::error::panic_text;
+use crate::flow::{Answer, Capture, Flow, State, Step, StepContext, Trigger, words};
 use crate::metrics::{Metrics, inc};
-use crate::turn::Turn;
+use crate::replica::Turn;
 
-/// The checkpoint format this crate writes and reads. A checkpoint of another format
-/// is "cannot be resumed" (the `fallback` policy applies).
-pub(crate) const FORMAT: u32 = 1;
+mod checkpoint;
+mod run;
+
+pub(crate) use checkpoint::{At, Conversation};
+use checkpoint::{FORMAT, Record, Unresumable};
+use run::send_logged;
+pub(crate) use run::{CheckpointStore, Run, RunSlot};
 
 /// Local conversations not touched for this long are forgotten (a persistent one
 /// still has its checkpoint).
 const LOCAL_KEEP: Duration = Duration::from_secs(24 * 3600);
-/// Chats without a conversation are remembered this long (the coordinator keeps a
-/// chat's last holder for an hour: after that every grant reads the checkpoint).
-const NO_CONVERSATION_KEEP: Duration = Duration::from_secs(3600);
-
-/// Where a conversation stands between steps.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub(crate) enum At {
-    /// About to run `step` (or stopped while running it: it runs again).
-    Run,
-    /// `step` is an `ask` whose prompt was sent; the next message answers it.
-    Ask,
-    /// Sleeping until `wake_at_ms` (wall clock, ms since the Unix epoch); `step` is the
-    /// one after the delay.
-    Delay {
-        /// When to go on.
-        wake_at_ms: u64,
-    },
-}
-
-/// A conversation: the checkpoint's content.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Conversation {
-    pub(crate) flow: String,
-    pub(crate) version: u32,
-    pub(crate) step: usize,
-    pub(crate) at: At,
-    pub(crate) state: State,
-}
-
-#[derive(Serialize, Deserialize)]
-struct Record {
-    format: u32,
-    #[serde(flatten)]
-    conversation: Conversation,
-}
+/// Chats without a conversation are remembered as long as the coordinator keeps a
+/// chat's last holder: after that every grant reads the checkpoint anyway.
+const NO_CONVERSATION_KEEP: Duration = HISTORY;
 
 /// A chat's conversation as this replica knows it, plus whether a checkpoint of it
 /// is stored (so that ending it deletes the checkpoint, and only then).
@@ -77,124 +47,6 @@ struct Local {
     token: Token,
     live: Live,
     touched: Instant,
-}
-
-/// Why a checkpoint cannot be resumed here.
-#[derive(Debug)]
-pub(crate) enum Unresumable {
-    /// Unreadable; `flow` is its flow's name when that much could be read.
-    Parse {
-        error: String,
-        flow: Option<String>,
-    },
-    Format {
-        format: u32,
-        flow: Option<String>,
-    },
-    UnknownFlow(String),
-    Version {
-        flow: String,
-        saved: u32,
-        have: u32,
-    },
-    Step {
-        flow: String,
-        step: usize,
-    },
-}
-
-impl Unresumable {
-    /// The checkpoint's flow, when it could be read.
-    fn flow(&self) -> Option<&str> {
-        match self {
-            Unresumable::Parse { flow, .. } | Unresumable::Format { flow, .. } => flow.as_deref(),
-            Unresumable::UnknownFlow(flow)
-            | Unresumable::Version { flow, .. }
-            | Unresumable::Step { flow, .. } => Some(flow),
-        }
-    }
-}
-
-impl std::fmt::Display for Unresumable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Unresumable::Parse { error, .. } => write!(f, "it does not parse ({error})"),
-            Unresumable::Format { format, .. } => {
-                write!(f, "its format version {format} is unknown")
-            }
-            Unresumable::UnknownFlow(name) => {
-                write!(f, "its flow {name:?} is not registered on this replica")
-            }
-            Unresumable::Version { flow, saved, have } => write!(
-                f,
-                "it was saved by version {saved} of flow {flow:?}, this replica has version {have}"
-            ),
-            Unresumable::Step { flow, step } => {
-                write!(f, "flow {flow:?} has no step {step}")
-            }
-        }
-    }
-}
-
-/// The cancellation flag of one run of steps, with the condvar its sleeps wait on.
-#[derive(Default)]
-pub(crate) struct Control {
-    cancelled: AtomicBool,
-    lock: Mutex<()>,
-    cv: Condvar,
-}
-
-impl Control {
-    pub(crate) fn is_cancelled(&self) -> bool {
-        self.cancelled.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn cancel(&self) {
-        // Set under the lock: a sleeper checks the flag under it before waiting, so it
-        // cannot miss this notification.
-        let _g = self.lock.lock();
-        self.cancelled.store(true, Ordering::Release);
-        self.cv.notify_all();
-    }
-
-    /// Waits until `deadline` or a cancellation, at most `slice` at a time (so that
-    /// the caller can check for a lost lease, which nobody notifies). Returns whether
-    /// the deadline passed.
-    fn wait(&self, deadline: Instant, slice: Duration) -> bool {
-        let mut g = self.lock.lock();
-        if self.is_cancelled() {
-            return false;
-        }
-        let until = deadline.min(Instant::now() + slice);
-        self.cv.wait_until(&mut g, until);
-        Instant::now() >= deadline
-    }
-}
-
-impl RunSlot {
-    /// Cancelled by a settle cut, or the turn's lease was lost.
-    pub(crate) fn is_cancelled(&self) -> bool {
-        self.control.is_cancelled() || self.inner.lock().turn.as_ref().is_none_or(Turn::is_lost)
-    }
-
-    pub(crate) fn sleep(&self, duration: Duration) -> Result<(), Cancelled> {
-        const SLICE: Duration = Duration::from_millis(50);
-        let deadline = Instant::now()
-            .checked_add(duration)
-            .unwrap_or_else(|| Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600));
-        loop {
-            if self.is_cancelled() {
-                return Err(Cancelled);
-            }
-            if self.control.wait(deadline, SLICE) {
-                return if self.is_cancelled() {
-                    Err(Cancelled)
-                } else {
-                    Ok(())
-                };
-            }
-        }
-    }
 }
 
 /// What a message does to the chat's conversation.
@@ -303,7 +155,7 @@ impl Flows {
             for f in flows.iter().filter(|f| !f.persistent) {
                 for (i, s) in f.steps.iter().enumerate() {
                     if let Step::Delay(d) = s
-                        && *d > crate::memory::HISTORY
+                        && *d > HISTORY
                     {
                         return Err(format!(
                             "flow {:?} step {i} (delay {}): longer than {}, the longest a \
@@ -312,7 +164,7 @@ impl Flows {
                              handover flows: resume",
                             f.name,
                             humantime::format_duration(*d),
-                            humantime::format_duration(crate::memory::HISTORY)
+                            humantime::format_duration(HISTORY)
                         ));
                     }
                 }
@@ -592,7 +444,7 @@ impl Flows {
             },
             Err(panic) => {
                 live.conversation = None;
-                Err(crate::runtime::panic_text("a capture callback", &panic))
+                Err(panic_text("a capture callback", &panic))
             }
         }
     }
@@ -705,7 +557,7 @@ impl Flows {
                     let failure = match result {
                         Ok(Ok(())) => None,
                         Ok(Err(e)) => Some(e.to_string()),
-                        Err(panic) => Some(crate::runtime::panic_text("an action", &panic)),
+                        Err(panic) => Some(panic_text("an action", &panic)),
                     };
                     if let Some(text) = failure {
                         let what = format!("flow {:?} step {} (action): {text}", c.flow, c.step);
@@ -774,28 +626,6 @@ impl Flows {
     }
 }
 
-/// The part of a run of steps that the settle watchdog shares with the worker.
-#[derive(Default)]
-pub(crate) struct RunSlot {
-    pub(crate) control: Control,
-    pub(crate) inner: Mutex<SlotInner>,
-}
-
-/// Guarded by the run's lock.
-#[derive(Default)]
-pub(crate) struct SlotInner {
-    /// The watchdog stopped the run: it released the turn and ended the message.
-    pub(crate) cut: bool,
-    /// The worker finished the run first.
-    pub(crate) done: bool,
-    /// The conversation at the last boundary: what the chat's next message resumes.
-    pub(crate) snapshot: Option<Conversation>,
-    /// Whether a checkpoint was stored at the last boundary.
-    pub(crate) stored: bool,
-    pub(crate) turn: Option<Turn>,
-    pub(crate) message: Option<std::sync::Arc<crate::message::Message>>,
-}
-
 /// A cycle of flows that reach each other by `goto` with no wait on the way, as the
 /// names along it (first repeated at the end), if there is one.
 fn goto_cycle(flows: &[Flow], by_name: &HashMap<String, usize>) -> Option<Vec<String>> {
@@ -828,34 +658,6 @@ fn goto_cycle(flows: &[Flow], by_name: &HashMap<String, usize>) -> Option<Vec<St
         }
     }
     None
-}
-
-/// What a run of steps needs from the runtime.
-pub(crate) struct Run<'a> {
-    pub(crate) token: Token,
-    pub(crate) slot: &'a RunSlot,
-    pub(crate) store: &'a dyn CheckpointStore,
-    pub(crate) outbox: &'a dyn Fn(&str) -> Result<(), crate::provider::ProviderError>,
-    pub(crate) schedule_wake: &'a dyn Fn(u64),
-}
-
-fn send_logged(run: &Run<'_>, chat: &str, text: &str) {
-    if let Err(e) = (run.outbox)(text) {
-        log::warn!(target: "botmesh::conversation", "chat {chat:?}: send failed: {e}");
-    }
-}
-
-/// Checkpoint storage: the coordinator, through the replica (which maps chat ids to
-/// the coordinator's keys).
-pub(crate) trait CheckpointStore {
-    fn read(&self, chat: &str)
-    -> Result<Option<(Token, String)>, crate::coordinator::BackendError>;
-    fn write(
-        &self,
-        chat: &str,
-        token: Token,
-        data: Option<&str>,
-    ) -> Result<bool, crate::coordinator::BackendError>;
 }
 
 pub(crate) fn now_ms() -> u64 {

@@ -41,8 +41,10 @@ use std::sync::Arc;
 use crossbeam_channel::Sender;
 
 use crate::coordinator::Token;
+use crate::intake::Intake;
 use crate::metrics::{Metrics, inc};
-use crate::runtime::Intake;
+
+pub(crate) mod leadership;
 
 /// What a provider's transport allows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -224,7 +226,7 @@ impl Session {
 ///
 /// ```
 /// use std::sync::Mutex;
-/// use botmesh::provider::{Capabilities, Provider, ProviderError, Session, Status};
+/// use botmesh::{Capabilities, Provider, ProviderError, Session, Status};
 ///
 /// /// A transport with one session per account, like WhatsApp Web.
 /// struct Phone {

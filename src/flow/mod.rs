@@ -96,6 +96,7 @@ pub type State = Map<String, Value>;
 
 /// What a capture callback decides about the answer to an `ask`.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Capture {
     /// Accept it: go on with the next step.
     Next,
@@ -171,7 +172,7 @@ impl std::error::Error for Cancelled {}
 pub struct StepContext<'a> {
     pub(crate) chat: &'a str,
     pub(crate) state: &'a mut State,
-    pub(crate) run: &'a crate::conversation::RunSlot,
+    pub(crate) run: &'a dyn StepRun,
     pub(crate) outbox: &'a dyn Fn(&str) -> Result<(), ProviderError>,
 }
 
@@ -237,6 +238,15 @@ impl StepContext<'_> {
     pub fn sleep(&self, duration: Duration) -> Result<(), Cancelled> {
         self.run.sleep(duration)
     }
+}
+
+/// What a step's context asks of the run it belongs to: the conversation engine
+/// implements it (a trait so that flows sit below the engine).
+pub(crate) trait StepRun {
+    /// Stopped by `settle`, or the turn's lease was lost.
+    fn is_cancelled(&self) -> bool;
+    /// An interruptible sleep; see [`StepContext::sleep`].
+    fn sleep(&self, duration: Duration) -> Result<(), Cancelled>;
 }
 
 type CaptureFn = Arc<dyn Fn(&mut Answer<'_>) -> Capture + Send + Sync>;

@@ -39,19 +39,13 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded, select, unb
 use parking_lot::Mutex;
 
 use crate::coordinator::Token;
+use crate::intake::Intake;
 use crate::metrics::{Metrics, dec, inc};
 use crate::provider::{
     Capabilities, CloseReason, Provider, ProviderError, Session, Status, StatusSender,
 };
 use crate::replica::{Inner, OnGrant};
-use crate::runtime::Intake;
-use crate::turn::{Turn, TurnState};
-
-/// The lease name of a provider's leadership: reserved (see
-/// [`stored_chat`](crate::replica::stored_chat)), so no chat id can take it.
-pub(crate) fn lease_name(provider: &str) -> String {
-    format!("\0provider:{provider}")
-}
+use crate::replica::{Turn, TurnState, period, provider_lease};
 
 /// How often a leader checks its lease by its own clock: a lease marked lost by the
 /// renewal thread is noticed within this period, one that ran out while the process
@@ -95,7 +89,7 @@ impl LeaderState {
         self.current
             .lock()
             .as_ref()
-            .filter(|s| !s.is_lost())
+            .filter(|s| !s.is_lost_at(Instant::now()))
             .map(|s| s.token)
     }
 }
@@ -178,14 +172,14 @@ impl Leadership {
         // A thread name may not hold a NUL; a provider id may.
         let name = format!("botmesh-lead-{}-{}", replica.id, state.provider).replace('\0', "?");
         let runner = Runner {
-            lease: lease_name(&state.provider),
+            lease: provider_lease(&state.provider),
             replica,
             provider,
             state: state.clone(),
             intake,
             metrics,
             provider_down,
-            period: crate::lease::period(ttl),
+            period: period(ttl),
             watch: watch_period(ttl),
             margin: give_up_margin(ttl),
             cmds: cmd_rx,
@@ -375,7 +369,10 @@ impl Runner {
             // One renewal period early (checked every watch period): the transport is
             // then stopped before the lease could run out by our clock, which is
             // before the backend could grant it to a standby.
-            if turn.state.expires_within(self.margin + self.watch) {
+            if turn
+                .state
+                .expires_within(Instant::now(), self.margin + self.watch)
+            {
                 break Ended::Deposed;
             }
             let mut timeout = self.watch;

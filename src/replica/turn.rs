@@ -1,70 +1,26 @@
 //! `Turn`: a held, fenced, leased turn on one chat.
 
 use std::sync::Arc;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::coordinator::{HeldLease, Previous, Ticket, Token};
+use super::lease::TurnState;
+use super::names::shown_chat;
+use crate::coordinator::{Previous, Token};
 use crate::error::CoordinationUnavailableError;
-use crate::replica::Inner;
 
-/// What the renewal thread and the holder share about one held turn.
-pub(crate) struct TurnState {
-    pub(crate) chat: Arc<str>,
-    pub(crate) ticket: Ticket,
-    pub(crate) token: Token,
-    pub(crate) previous: Option<Previous>,
-    pub(crate) message_id: Option<Arc<str>>,
-    pub(crate) waited: Duration,
-    pub(crate) lost: AtomicBool,
-    /// When the lease ends by this replica's clock unless renewed ([`clock_ns`]).
-    pub(crate) valid_until: AtomicU64,
-}
+/// What a turn needs from the replica that holds it. A trait so that `Turn` sits
+/// below the replica's core (which makes turns) without the two naming each other.
+pub(crate) trait Owner: Send + Sync {
+    /// Releases the turn at the coordinator; `handled` makes that message id's
+    /// duplicate claim final.
+    fn release(
+        self: Arc<Self>,
+        state: &TurnState,
+        handled: Option<&str>,
+    ) -> Result<(), CoordinationUnavailableError>;
 
-/// Nanoseconds of `t` since a process-wide base instant: a monotonic clock that fits
-/// in an atomic.
-pub(crate) fn clock_ns(t: Instant) -> u64 {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    let base = *BASE.get_or_init(Instant::now);
-    u64::try_from(t.saturating_duration_since(base).as_nanos()).unwrap_or(u64::MAX)
-}
-
-impl TurnState {
-    /// Lost by the renewal's verdict, or by our own clock: the lease ran out without a
-    /// renewal confirming it (the backend unreachable, a pause). Once lost, always
-    /// lost.
-    pub(crate) fn is_lost(&self) -> bool {
-        if self.lost.load(Ordering::Acquire) {
-            return true;
-        }
-        if clock_ns(Instant::now()) > self.valid_until.load(Ordering::Acquire) {
-            self.lost.store(true, Ordering::Release);
-            return true;
-        }
-        false
-    }
-
-    /// Whether the lease is lost, or runs out by our clock within `margin` unless a
-    /// renewal comes first.
-    pub(crate) fn expires_within(&self, margin: Duration) -> bool {
-        self.is_lost()
-            || clock_ns(Instant::now() + margin) > self.valid_until.load(Ordering::Acquire)
-    }
-
-    /// Extends the lease by our clock after a renewal sent at `sent` succeeded.
-    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
-        self.valid_until
-            .fetch_max(clock_ns(sent + ttl), Ordering::AcqRel);
-    }
-
-    pub(crate) fn lease(&self) -> HeldLease<'_> {
-        HeldLease {
-            chat: &self.chat,
-            ticket: &self.ticket,
-            token: self.token,
-        }
-    }
+    /// The present by the replica's clock.
+    fn now(&self) -> Instant;
 }
 
 /// The turn on one chat, held by this replica: at most one exists per chat across
@@ -75,9 +31,12 @@ impl TurnState {
 /// it was still held. Check [`Turn::is_lost`] before an irreversible side effect, and
 /// pass [`Turn::fencing_token`] to any store that can refuse stale writers.
 pub struct Turn {
+    /// Shared with the renewal thread, which extends or loses the lease.
     pub(crate) state: Arc<TurnState>,
-    pub(crate) replica: Arc<Inner>,
-    pub(crate) done: bool,
+    /// The replica that releases it.
+    owner: Arc<dyn Owner>,
+    /// Set once released, so `Drop` does not release again.
+    done: bool,
 }
 
 impl std::fmt::Debug for Turn {
@@ -91,12 +50,20 @@ impl std::fmt::Debug for Turn {
 }
 
 impl Turn {
+    pub(crate) fn new(state: Arc<TurnState>, owner: Arc<dyn Owner>) -> Turn {
+        Turn {
+            state,
+            owner,
+            done: false,
+        }
+    }
+
     /// The chat this turn is on, as it was given to [`Replica::acquire`] or in the
     /// message.
     ///
     /// [`Replica::acquire`]: crate::Replica::acquire
     pub fn chat(&self) -> &str {
-        crate::replica::shown_chat(&self.state.chat)
+        shown_chat(&self.state.chat)
     }
 
     /// The id of the replica holding the turn.
@@ -134,7 +101,7 @@ impl Turn {
     /// expires the lease, give or take clock drift over one TTL). Once true, it stays
     /// true. A lost turn no longer excludes anyone; stop work.
     pub fn is_lost(&self) -> bool {
-        self.state.is_lost()
+        self.state.is_lost_at(self.owner.now())
     }
 
     /// Releases the turn, handing the chat to its next waiter.
@@ -145,21 +112,21 @@ impl Turn {
     /// lease then expires after its TTL).
     pub fn release(mut self) -> Result<(), CoordinationUnavailableError> {
         self.done = true;
-        self.replica.release(&self.state, None)
+        self.owner.clone().release(&self.state, None)
     }
 
     /// Releases after the message was handled, making its duplicate claim final.
     pub(crate) fn release_handled(mut self) -> Result<(), CoordinationUnavailableError> {
         self.done = true;
         let id = self.state.message_id.clone();
-        self.replica.release(&self.state, id.as_deref())
+        self.owner.clone().release(&self.state, id.as_deref())
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
         if !self.done
-            && let Err(e) = self.replica.release(&self.state, None)
+            && let Err(e) = self.owner.clone().release(&self.state, None)
         {
             log::warn!(target: "botmesh::turn", "release on drop: {e}");
         }

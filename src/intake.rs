@@ -1,0 +1,59 @@
+//! `Intake`: where messages enter a bot, from a provider or a webhook handler.
+//!
+//! It sits below the providers (which are handed one) and above the replica: the
+//! bot's scheduler implements [`Admit`], so a provider can deliver without knowing
+//! the bot.
+
+use std::sync::Arc;
+
+use crate::coordinator::ReplicaId;
+use crate::error::CoordinationUnavailableError;
+use crate::message::Message;
+use crate::replica::Accepted;
+
+/// What takes a message in: the bot's scheduler.
+pub(crate) trait Admit: Send + Sync {
+    /// See [`Intake::deliver`].
+    fn admit(self: Arc<Self>, message: Message) -> Result<Accepted, CoordinationUnavailableError>;
+}
+
+/// A cloneable handle that takes messages into a bot (what a webhook or provider
+/// calls).
+#[derive(Clone)]
+pub struct Intake {
+    /// The bot's scheduler.
+    admit: Arc<dyn Admit>,
+    /// For logs and [`Intake::replica`].
+    replica: ReplicaId,
+}
+
+impl std::fmt::Debug for Intake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Intake")
+            .field("replica", &self.replica)
+            .finish()
+    }
+}
+
+impl Intake {
+    pub(crate) fn new(admit: Arc<dyn Admit>, replica: ReplicaId) -> Self {
+        Intake { admit, replica }
+    }
+
+    /// Takes a message in. Returns once the message holds its place in its chat's
+    /// queue (so a webhook may answer 200 then); the handler runs later on a worker,
+    /// and the outcome hook hears how it ended.
+    ///
+    /// # Errors
+    /// [`CoordinationUnavailableError`] with reason `backend` when the coordinator
+    /// cannot be reached, `shutting_down` when the bot is stopping. The message was not
+    /// taken in then: the caller should answer the platform with an error so it retries.
+    pub fn deliver(&self, message: Message) -> Result<Accepted, CoordinationUnavailableError> {
+        self.admit.clone().admit(message)
+    }
+
+    /// The id of the replica this intake feeds.
+    pub fn replica(&self) -> &str {
+        &self.replica
+    }
+}

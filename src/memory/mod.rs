@@ -1,0 +1,281 @@
+//! `MemoryCoordinator`: the backend for one process.
+//!
+//! Replicas simulated as threads (or several bots in one process) share one
+//! `MemoryCoordinator` through an `Arc`. It keeps the whole [`Coordinator`] contract,
+//! lease expiry included, so a replica can "crash" in a test ([`Replica::abort`]) and
+//! its chats come free within the TTL, exactly as with Redis.
+//!
+//! The decisions live in the pure chat table (`table.rs`); this file is the thin
+//! layer around it: shards by a hash of the chat id (so unrelated chats do not contend
+//! on one mutex), the replicas' sinks and liveness, one process-wide token counter
+//! (strictly increasing per chat even after an idle chat's state was dropped), the
+//! [`Clock`], and pushing grants once no lock is held.
+//!
+//! [`Replica::abort`]: crate::Replica::abort
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::clock::Clock;
+use crate::coordinator::{
+    BackendError, Coordinator, DEFAULT_DEDUP_WINDOW, DEFAULT_LEASE_TTL, EnqueueRequest, Enqueued,
+    Grant, GrantSink, HISTORY, HeldLease, Released, Renewal, ReplicaId, Token, Waiting,
+};
+
+mod table;
+
+use table::{Env, FOREVER, Pushes, Shard};
+
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+const SHARDS: usize = 32;
+
+/// The in-process backend: one process, any number of replicas (threads).
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use botmesh::{MemoryCoordinator, Replica};
+///
+/// let coordinator = Arc::new(MemoryCoordinator::new());
+/// let replica = Replica::start("r1", coordinator.clone()).unwrap();
+/// let turn = replica.acquire_timeout("chat-1", Duration::from_secs(1)).unwrap();
+/// assert!(!turn.is_lost());
+/// turn.release().unwrap();
+/// replica.shutdown();
+/// ```
+pub struct MemoryCoordinator {
+    /// The TTL of every lease granted.
+    ttl: Duration,
+    /// Duplicate-suppression window; zero turns it off.
+    dedup_window: Duration,
+    /// How long an idle chat's last holder is remembered.
+    history: Duration,
+    /// Where "now" comes from: real, or fake in tests.
+    clock: Clock,
+    /// The chat table, split so unrelated chats do not contend on one lock.
+    shards: Box<[Mutex<Shard>]>,
+    /// Picks a chat's shard; randomly seeded.
+    shard_hasher: foldhash::fast::RandomState,
+    /// Attached replicas: where their grants are pushed, and until when they live.
+    replicas: RwLock<HashMap<ReplicaId, ReplicaEntry>>,
+    /// The last fencing token handed out, for all chats.
+    last_token: AtomicU64,
+}
+
+struct ReplicaEntry {
+    sink: GrantSink,
+    alive_until: Instant,
+}
+
+impl Default for MemoryCoordinator {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for MemoryCoordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryCoordinator")
+            .field("lease_ttl", &self.ttl)
+            .field("dedup_window", &self.dedup_window)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryCoordinator {
+    /// A coordinator with the default lease TTL (10 s) and dedup window (10 min).
+    pub fn new() -> Self {
+        Self::with_settings(DEFAULT_LEASE_TTL, DEFAULT_DEDUP_WINDOW)
+    }
+
+    /// A coordinator with the given lease TTL and duplicate-suppression window (a zero
+    /// window turns duplicate suppression off). Values over ~100 years are clamped.
+    pub fn with_settings(lease_ttl: Duration, dedup_window: Duration) -> Self {
+        Self::with_clock(lease_ttl, dedup_window, Clock::real())
+    }
+
+    /// Like [`MemoryCoordinator::with_settings`], reading the time from `clock`: with
+    /// [`Clock::fake`] a test expires leases, waits and claims by advancing the clock
+    /// instead of sleeping.
+    pub fn with_clock(lease_ttl: Duration, dedup_window: Duration, clock: Clock) -> Self {
+        MemoryCoordinator {
+            ttl: lease_ttl.min(FOREVER),
+            dedup_window: dedup_window.min(FOREVER),
+            history: HISTORY,
+            clock,
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shard_hasher: foldhash::fast::RandomState::default(),
+            replicas: RwLock::new(HashMap::default()),
+            last_token: AtomicU64::new(0),
+        }
+    }
+
+    /// The coordinator of a bot without coordination: leases never expire, so no
+    /// renewal thread is needed.
+    pub(crate) fn local() -> Self {
+        Self::with_settings(FOREVER, DEFAULT_DEDUP_WINDOW)
+    }
+
+    /// How many chats currently have state (a holder or waiters): 0 when all are idle.
+    pub fn active_chats(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().active_chats()).sum()
+    }
+
+    fn shard(&self, chat: &str) -> &Mutex<Shard> {
+        let h = self.shard_hasher.hash_one(chat);
+        &self.shards[(h as usize) % self.shards.len()]
+    }
+
+    fn alive_until(&self, replica: &ReplicaId) -> Option<Instant> {
+        self.replicas.read().get(replica).map(|r| r.alive_until)
+    }
+
+    fn next_token(&self) -> Token {
+        self.last_token.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Runs `f` with the table's environment as of now.
+    fn with_env<T>(&self, f: impl FnOnce(&Env<'_>) -> T) -> T {
+        let alive_until = |r: &ReplicaId| self.alive_until(r);
+        let next_token = || self.next_token();
+        let env = Env {
+            now: self.clock.now(),
+            ttl: self.ttl,
+            history: self.history,
+            dedup_window: self.dedup_window,
+            alive_until: &alive_until,
+            next_token: &next_token,
+        };
+        f(&env)
+    }
+
+    /// Runs one table operation on `chat`'s shard, then pushes the grants it made to
+    /// other replicas, with no lock held (a sink may call back into the backend).
+    fn on_chat<T>(&self, chat: &str, op: impl FnOnce(&mut Shard, &Env<'_>, &mut Pushes) -> T) -> T {
+        let mut pushes = Pushes::new();
+        let result = self.with_env(|env| op(&mut self.shard(chat).lock(), env, &mut pushes));
+        self.push(pushes);
+        result
+    }
+
+    fn push(&self, pushes: Pushes) {
+        for (chat, grant) in pushes {
+            let sink = self
+                .replicas
+                .read()
+                .get(&grant.ticket.replica)
+                .map(|r| r.sink.clone());
+            // A replica that detached meanwhile is skipped: its grant expires by TTL.
+            if let Some(sink) = sink {
+                sink(&chat, grant);
+            }
+        }
+    }
+}
+
+impl Coordinator for MemoryCoordinator {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    fn lease_ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn attach(&self, replica: &ReplicaId, sink: GrantSink) -> Result<(), BackendError> {
+        let now = self.clock.now();
+        let mut replicas = self.replicas.write();
+        if replicas.get(replica).is_some_and(|r| r.alive_until >= now) {
+            // Two live replicas with one id would take each other's grants.
+            return Err(BackendError::new(format!(
+                "replica id {replica:?} is already in use (by a live replica, or by one that \
+                 crashed less than one lease TTL ago)"
+            )));
+        }
+        let entry = ReplicaEntry {
+            sink,
+            alive_until: now + self.ttl,
+        };
+        replicas.insert(replica.clone(), entry);
+        Ok(())
+    }
+
+    fn detach(&self, replica: &ReplicaId, _held: &[HeldLease<'_>]) -> Result<(), BackendError> {
+        self.replicas.write().remove(replica);
+        let mut pushes = Pushes::new();
+        self.with_env(|env| {
+            for shard in self.shards.iter() {
+                shard.lock().detach(env, replica, &mut pushes);
+            }
+        });
+        self.push(pushes);
+        Ok(())
+    }
+
+    fn enqueue(&self, req: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError> {
+        Ok(self.on_chat(req.chat, |shard, env, pushes| {
+            shard.enqueue(env, req, pushes)
+        }))
+    }
+
+    fn cancel(&self, w: &Waiting<'_>) -> Result<Option<Grant>, BackendError> {
+        Ok(self.on_chat(w.chat, |shard, env, pushes| shard.cancel(env, w, pushes)))
+    }
+
+    fn release(
+        &self,
+        lease: &HeldLease<'_>,
+        handled: Option<&str>,
+    ) -> Result<Released, BackendError> {
+        Ok(self.on_chat(lease.chat, |shard, env, pushes| {
+            shard.release(env, lease, handled, pushes)
+        }))
+    }
+
+    fn renew(
+        &self,
+        replica: &ReplicaId,
+        held: &[HeldLease<'_>],
+        waiting: &[Waiting<'_>],
+    ) -> Result<Renewal, BackendError> {
+        let now = self.clock.now();
+        if let Some(r) = self.replicas.write().get_mut(replica) {
+            r.alive_until = now + self.ttl;
+        }
+        let mut pushes = Pushes::new();
+        let out = self.with_env(|env| Renewal {
+            held: held
+                .iter()
+                .map(|lease| self.shard(lease.chat).lock().renew(env, lease))
+                .collect(),
+            waiting: waiting
+                .iter()
+                .map(|w| self.shard(w.chat).lock().check(env, w, &mut pushes))
+                .collect(),
+        });
+        self.push(pushes);
+        Ok(out)
+    }
+
+    fn write_checkpoint(
+        &self,
+        chat: &str,
+        token: Token,
+        data: Option<&str>,
+    ) -> Result<bool, BackendError> {
+        let now = self.clock.now();
+        Ok(self
+            .shard(chat)
+            .lock()
+            .write_checkpoint(now, chat, token, data))
+    }
+
+    fn read_checkpoint(&self, chat: &str) -> Result<Option<(Token, String)>, BackendError> {
+        let now = self.clock.now();
+        Ok(self.shard(chat).lock().read_checkpoint(now, chat))
+    }
+}

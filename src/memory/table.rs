@@ -1,0 +1,504 @@
+//! The memory backend's chat table: the turn protocol's decisions, with no lock, no
+//! clock and no thread of its own.
+//!
+//! Every operation takes an [`Env`]: the present (from the backend's
+//! [`Clock`](crate::Clock)), the settings, the replicas' liveness and the token
+//! counter. Grants to be pushed to other replicas are returned to the caller, which
+//! pushes them once its lock is released. The backend in `mod.rs` is the thin layer of
+//! locks and pushes around this.
+//!
+//! Expiry is evaluated lazily, like Redis key expiry: whoever touches a chat next (a
+//! release, an enqueue, the re-check in `check`) moves it on.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::coordinator::{
+    CHECKPOINT_TTL, EnqueueRequest, Enqueued, Grant, HeldLease, Previous, Released, ReplicaId,
+    Ticket, TicketState, Token, Waiting,
+};
+
+/// The table's maps use foldhash (randomly seeded per map, far cheaper than SipHash
+/// on short keys): every message costs several lookups.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Durations are clamped here so that `Instant + d` cannot overflow (about 100 years).
+pub(crate) const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// Grants made to other replicas' tickets, to push once the lock is released:
+/// `(chat, grant)`.
+pub(crate) type Pushes = Vec<(String, Grant)>;
+
+/// What every table operation needs from outside.
+pub(crate) struct Env<'a> {
+    /// The present, by the backend's clock.
+    pub(crate) now: Instant,
+    /// The lease TTL.
+    pub(crate) ttl: Duration,
+    /// How long an idle chat's last holder is remembered.
+    pub(crate) history: Duration,
+    /// The duplicate-suppression window; zero turns it off.
+    pub(crate) dedup_window: Duration,
+    /// Until when a replica is alive (its last renewal + TTL); `None` when it is not
+    /// attached.
+    pub(crate) alive_until: &'a dyn Fn(&ReplicaId) -> Option<Instant>,
+    /// The next fencing token: one counter for all chats, so tokens keep rising after
+    /// an idle chat's state is dropped.
+    pub(crate) next_token: &'a dyn Fn() -> Token,
+}
+
+impl Env<'_> {
+    fn alive(&self, replica: &ReplicaId) -> bool {
+        (self.alive_until)(replica).is_some_and(|t| t >= self.now)
+    }
+}
+
+/// One shard of chats: the backend keeps several, each under its own lock.
+#[derive(Default)]
+pub(crate) struct Shard {
+    chats: HashMap<String, ChatState>,
+    /// Message-id claims for duplicate suppression, by (chat, message id).
+    seen: HashMap<(String, String), Seen>,
+    /// Claims in the order they were made, so expired ones are purged from the front.
+    seen_order: VecDeque<(Instant, (String, String))>,
+    /// Size of `chats` at which expired idle chats are swept next.
+    sweep_at: usize,
+    /// Conversation checkpoints by chat; kept apart from `chats` because they outlive
+    /// an idle chat's history by far.
+    checkpoints: HashMap<String, Checkpoint>,
+    /// Size of `checkpoints` at which expired ones are swept next.
+    checkpoints_sweep_at: usize,
+}
+
+struct Checkpoint {
+    token: Token,
+    data: String,
+    expires: Instant,
+}
+
+struct ChatState {
+    holder: Option<Holder>,
+    queue: VecDeque<Queued>,
+    /// Who held the chat last, for the next grant's `previous`.
+    previous: Option<Previous>,
+    /// While idle: until when the state (the previous holder) is kept.
+    idle_until: Instant,
+}
+
+impl ChatState {
+    fn new(now: Instant) -> Self {
+        ChatState {
+            holder: None,
+            queue: VecDeque::new(),
+            previous: None,
+            idle_until: now,
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.holder.is_none() && self.queue.is_empty()
+    }
+}
+
+struct Holder {
+    ticket: Ticket,
+    token: Token,
+    lease_until: Instant,
+    previous: Option<Previous>,
+}
+
+struct Queued {
+    ticket: Ticket,
+    deadline: Instant,
+}
+
+struct Seen {
+    expires: Instant,
+    /// `Some(ticket)` while the claiming ticket has not been handled; `None` once done.
+    claimed_by: Option<Ticket>,
+}
+
+fn grant_of(holder: &Holder) -> Grant {
+    Grant {
+        ticket: holder.ticket.clone(),
+        token: holder.token,
+        previous: holder.previous.clone(),
+    }
+}
+
+/// Makes `ticket` the holder of a free chat.
+fn grant(env: &Env<'_>, chat: &mut ChatState, ticket: Ticket, alive_until: Instant) -> Grant {
+    let token = (env.next_token)();
+    let previous = chat.previous.clone();
+    chat.holder = Some(Holder {
+        ticket: ticket.clone(),
+        token,
+        // A grant to a replica that stopped renewing lapses with its liveness, so a
+        // crashed replica's queued tickets cost the others at most one TTL in all, not
+        // one TTL each.
+        lease_until: (env.now + env.ttl).min(alive_until),
+        previous: previous.clone(),
+    });
+    Grant {
+        ticket,
+        token,
+        previous,
+    }
+}
+
+/// Moves a chat on: an expired holder is dropped, and a free chat is granted to the
+/// first live ticket in its queue. Returns the grant made, if any.
+fn settle(env: &Env<'_>, chat: &mut ChatState) -> Option<Grant> {
+    if let Some(h) = &chat.holder {
+        if h.lease_until >= env.now {
+            return None;
+        }
+        log::debug!(target: "botmesh::memory", "lease of {} expired", h.ticket);
+        chat.previous = Some(Previous {
+            replica: h.ticket.replica.clone(),
+            token: h.token,
+        });
+        chat.holder = None;
+    }
+    while let Some(q) = chat.queue.pop_front() {
+        let Some(alive_until) = (env.alive_until)(&q.ticket.replica) else {
+            continue; // detached
+        };
+        if q.deadline < env.now || alive_until < env.now {
+            continue;
+        }
+        return Some(grant(env, chat, q.ticket, alive_until));
+    }
+    None
+}
+
+impl Shard {
+    /// How many chats have a holder or waiters.
+    pub(crate) fn active_chats(&self) -> usize {
+        self.chats.values().filter(|c| !c.is_idle()).count()
+    }
+
+    fn ticket_alive(&self, env: &Env<'_>, chat: &str, ticket: &Ticket) -> bool {
+        let Some(chat) = self.chats.get(chat) else {
+            return false;
+        };
+        if let Some(h) = &chat.holder
+            && &h.ticket == ticket
+        {
+            return h.lease_until >= env.now;
+        }
+        chat.queue
+            .iter()
+            .any(|q| &q.ticket == ticket && q.deadline >= env.now)
+            && env.alive(&ticket.replica)
+    }
+
+    /// A chat nobody holds or waits for keeps only who held it last, until `history`
+    /// has passed (like a Redis key with a TTL), so the next grant can still name the
+    /// previous holder. Its state stays in the map meanwhile, so a busy chat going idle
+    /// and active again costs no allocation; expired idle chats are swept when the map
+    /// has doubled since the last sweep (amortised O(1), and the map stays within twice
+    /// the live entries).
+    fn drop_if_idle(&mut self, env: &Env<'_>, chat: &str) {
+        if let Some(c) = self.chats.get_mut(chat)
+            && c.is_idle()
+        {
+            c.idle_until = env.now + env.history;
+        }
+        if self.chats.len() >= self.sweep_at {
+            let now = env.now;
+            self.chats
+                .retain(|_, c| !c.is_idle() || c.idle_until >= now);
+            self.sweep_at = (self.chats.len() * 2).max(1024);
+        }
+    }
+
+    fn purge_seen(&mut self, now: Instant) {
+        while let Some((expires, _)) = self.seen_order.front() {
+            if *expires >= now {
+                break;
+            }
+            if let Some((_, key)) = self.seen_order.pop_front()
+                && self.seen.get(&key).is_some_and(|s| s.expires < now)
+            {
+                self.seen.remove(&key);
+            }
+        }
+    }
+
+    /// See [`Coordinator::enqueue`](crate::Coordinator::enqueue).
+    pub(crate) fn enqueue(
+        &mut self,
+        env: &Env<'_>,
+        req: &EnqueueRequest<'_>,
+        pushes: &mut Pushes,
+    ) -> Enqueued {
+        let now = env.now;
+        if let Some(id) = req.message_id.filter(|_| !env.dedup_window.is_zero()) {
+            self.purge_seen(now);
+            let key = (req.chat.to_owned(), id.to_owned());
+            let duplicate = match self.seen.get(&key) {
+                None => false,
+                Some(s) if s.expires < now => false,
+                Some(Seen {
+                    claimed_by: None, ..
+                }) => true,
+                Some(Seen {
+                    claimed_by: Some(t),
+                    ..
+                }) => self.ticket_alive(env, req.chat, t),
+            };
+            if duplicate {
+                return Enqueued::Duplicate;
+            }
+            let expires = now + env.dedup_window;
+            self.seen.insert(
+                key.clone(),
+                Seen {
+                    expires,
+                    claimed_by: Some(req.ticket.clone()),
+                },
+            );
+            self.seen_order.push_back((expires, key));
+        }
+        let chat = self
+            .chats
+            .entry(req.chat.to_owned())
+            .or_insert_with(|| ChatState::new(now));
+        if chat.is_idle() && chat.idle_until < now {
+            // Idle past its history: forget the previous holder, as Redis would.
+            chat.previous = None;
+        }
+        if chat.is_idle() {
+            // The uncontended path: a free chat is granted without queueing.
+            if let Some(alive_until) = (env.alive_until)(&req.ticket.replica).filter(|t| *t >= now)
+            {
+                return Enqueued::Granted(grant(env, chat, req.ticket.clone(), alive_until));
+            }
+        }
+        chat.queue.push_back(Queued {
+            ticket: req.ticket.clone(),
+            deadline: now + req.wait.min(FOREVER),
+        });
+        match settle(env, chat) {
+            Some(g) if &g.ticket == req.ticket => Enqueued::Granted(g),
+            Some(g) => {
+                // An earlier waiter got the turn because an old holder had expired.
+                pushes.push((req.chat.to_owned(), g));
+                Enqueued::Queued
+            }
+            None => Enqueued::Queued,
+        }
+    }
+
+    /// See [`Coordinator::cancel`](crate::Coordinator::cancel).
+    pub(crate) fn cancel(
+        &mut self,
+        env: &Env<'_>,
+        w: &Waiting<'_>,
+        pushes: &mut Pushes,
+    ) -> Option<Grant> {
+        let mut result = None;
+        if let Some(chat) = self.chats.get_mut(w.chat) {
+            if let Some(g) = settle(env, chat)
+                && &g.ticket != w.ticket
+            {
+                pushes.push((w.chat.to_owned(), g));
+            }
+            result = chat
+                .holder
+                .as_ref()
+                .filter(|h| &h.ticket == w.ticket)
+                .map(grant_of);
+            if result.is_none() {
+                chat.queue.retain(|q| &q.ticket != w.ticket);
+            }
+        }
+        if result.is_none()
+            && let Some(id) = w.message_id
+        {
+            // A message that timed out may be delivered again and then handled.
+            let key = (w.chat.to_owned(), id.to_owned());
+            if self
+                .seen
+                .get(&key)
+                .is_some_and(|s| s.claimed_by.as_ref() == Some(w.ticket))
+            {
+                self.seen.remove(&key);
+            }
+        }
+        self.drop_if_idle(env, w.chat);
+        result
+    }
+
+    /// See [`Coordinator::release`](crate::Coordinator::release).
+    pub(crate) fn release(
+        &mut self,
+        env: &Env<'_>,
+        lease: &HeldLease<'_>,
+        handled: Option<&str>,
+        pushes: &mut Pushes,
+    ) -> Released {
+        let Some(chat) = self.chats.get_mut(lease.chat) else {
+            return Released::Lost;
+        };
+        let ours = chat.holder.as_ref().is_some_and(|h| {
+            &h.ticket == lease.ticket && h.token == lease.token && h.lease_until >= env.now
+        });
+        let result = if ours {
+            chat.holder = None;
+            chat.previous = Some(Previous {
+                replica: lease.ticket.replica.clone(),
+                token: lease.token,
+            });
+            let next = match settle(env, chat) {
+                Some(g) if g.ticket.replica == lease.ticket.replica => Some(g),
+                Some(g) => {
+                    pushes.push((lease.chat.to_owned(), g));
+                    None
+                }
+                None => None,
+            };
+            if let Some(id) = handled
+                && let Some(s) = self.seen.get_mut(&(lease.chat.to_owned(), id.to_owned()))
+                && s.claimed_by.as_ref() == Some(lease.ticket)
+            {
+                s.claimed_by = None;
+            }
+            Released::Released { next }
+        } else {
+            if let Some(g) = settle(env, chat) {
+                pushes.push((lease.chat.to_owned(), g));
+            }
+            Released::Lost
+        };
+        self.drop_if_idle(env, lease.chat);
+        result
+    }
+
+    /// Extends a held lease by one TTL; `false` when it is no longer held.
+    pub(crate) fn renew(&mut self, env: &Env<'_>, lease: &HeldLease<'_>) -> bool {
+        match self
+            .chats
+            .get_mut(lease.chat)
+            .and_then(|c| c.holder.as_mut())
+        {
+            Some(h)
+                if &h.ticket == lease.ticket
+                    && h.token == lease.token
+                    && h.lease_until >= env.now =>
+            {
+                h.lease_until = env.now + env.ttl;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The re-check of one waiting ticket: moves its chat on (an expired holder is
+    /// replaced) and reports where the ticket stands.
+    pub(crate) fn check(
+        &mut self,
+        env: &Env<'_>,
+        w: &Waiting<'_>,
+        pushes: &mut Pushes,
+    ) -> TicketState {
+        let Some(chat) = self.chats.get_mut(w.chat) else {
+            return TicketState::Gone;
+        };
+        if let Some(g) = settle(env, chat)
+            && &g.ticket != w.ticket
+        {
+            pushes.push((w.chat.to_owned(), g));
+        }
+        let state = match chat.holder.as_ref() {
+            Some(h) if &h.ticket == w.ticket => TicketState::Granted(grant_of(h)),
+            _ if chat.queue.iter().any(|q| &q.ticket == w.ticket) => TicketState::Waiting,
+            _ => TicketState::Gone,
+        };
+        self.drop_if_idle(env, w.chat);
+        state
+    }
+
+    /// A clean stop of `replica` (already detached from `env.alive_until`): its
+    /// tickets leave the queues, its leases are released, and each chat moves on.
+    pub(crate) fn detach(&mut self, env: &Env<'_>, replica: &ReplicaId, pushes: &mut Pushes) {
+        let mut touched = Vec::new();
+        for (id, chat) in self.chats.iter_mut() {
+            chat.queue.retain(|q| &q.ticket.replica != replica);
+            if chat
+                .holder
+                .as_ref()
+                .is_some_and(|h| &h.ticket.replica == replica)
+                && let Some(h) = chat.holder.take()
+            {
+                chat.previous = Some(Previous {
+                    replica: replica.clone(),
+                    token: h.token,
+                });
+            }
+            if let Some(g) = settle(env, chat) {
+                pushes.push((id.clone(), g));
+            }
+            touched.push(id.clone());
+        }
+        for id in touched {
+            self.drop_if_idle(env, &id);
+        }
+    }
+
+    /// See [`Coordinator::write_checkpoint`](crate::Coordinator::write_checkpoint).
+    pub(crate) fn write_checkpoint(
+        &mut self,
+        now: Instant,
+        chat: &str,
+        token: Token,
+        data: Option<&str>,
+    ) -> bool {
+        // Only the live holder of the latest grant writes: an older token, or the
+        // latest one whose lease ran out, is refused.
+        let held = self
+            .chats
+            .get(chat)
+            .and_then(|c| c.holder.as_ref())
+            .is_some_and(|h| h.token == token && h.lease_until >= now);
+        let stored = self
+            .checkpoints
+            .get(chat)
+            .filter(|c| c.expires >= now)
+            .map(|c| c.token);
+        if !held || stored.is_some_and(|latest| token < latest) {
+            return false;
+        }
+        match data {
+            Some(data) => {
+                let checkpoint = Checkpoint {
+                    token,
+                    data: data.to_owned(),
+                    expires: now + CHECKPOINT_TTL,
+                };
+                self.checkpoints.insert(chat.to_owned(), checkpoint);
+                if self.checkpoints.len() >= self.checkpoints_sweep_at {
+                    self.checkpoints.retain(|_, c| c.expires >= now);
+                    self.checkpoints_sweep_at = (self.checkpoints.len() * 2).max(1024);
+                }
+            }
+            None => {
+                self.checkpoints.remove(chat);
+            }
+        }
+        true
+    }
+
+    /// See [`Coordinator::read_checkpoint`](crate::Coordinator::read_checkpoint).
+    pub(crate) fn read_checkpoint(&self, now: Instant, chat: &str) -> Option<(Token, String)> {
+        self.checkpoints
+            .get(chat)
+            .filter(|c| c.expires >= now)
+            .map(|c| (c.token, c.data.clone()))
+    }
+}
+
+#[cfg(test)]
+#[path = "table_tests.rs"]
+mod tests;

@@ -1,0 +1,293 @@
+//! The chat table on a fake clock: every expiry is a clock step, never a sleep.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::Clock;
+
+const TTL: Duration = Duration::from_secs(3);
+const DEDUP: Duration = Duration::from_secs(600);
+
+/// A table with its surroundings: a fake clock, the replicas' liveness and a token
+/// counter, as the backend would provide them.
+struct Fixture {
+    clock: Clock,
+    shard: Shard,
+    alive: RefCell<HashMap<ReplicaId, Instant>>,
+    tokens: Cell<Token>,
+    pushes: Pushes,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let f = Fixture {
+            clock: Clock::fake(),
+            shard: Shard::default(),
+            alive: RefCell::new(HashMap::new()),
+            tokens: Cell::new(0),
+            pushes: Pushes::new(),
+        };
+        for r in ["a", "b", "c"] {
+            f.heartbeat(r);
+        }
+        f
+    }
+
+    /// The replica renewed: alive for one more TTL from now.
+    fn heartbeat(&self, replica: &str) {
+        self.alive
+            .borrow_mut()
+            .insert(Arc::from(replica), self.clock.now() + TTL);
+    }
+
+    fn op<T>(&mut self, f: impl FnOnce(&mut Shard, &Env<'_>, &mut Pushes) -> T) -> T {
+        let alive = |r: &ReplicaId| self.alive.borrow().get(r).copied();
+        let next = || {
+            self.tokens.set(self.tokens.get() + 1);
+            self.tokens.get()
+        };
+        let env = Env {
+            now: self.clock.now(),
+            ttl: TTL,
+            history: Duration::from_secs(3600),
+            dedup_window: DEDUP,
+            alive_until: &alive,
+            next_token: &next,
+        };
+        f(&mut self.shard, &env, &mut self.pushes)
+    }
+
+    fn enqueue(&mut self, chat: &str, t: &Ticket, id: Option<&str>) -> Enqueued {
+        let req = EnqueueRequest {
+            chat,
+            ticket: t,
+            message_id: id,
+            wait: Duration::from_secs(60),
+        };
+        self.op(|s, env, p| s.enqueue(env, &req, p))
+    }
+
+    fn release(&mut self, chat: &str, g: &Grant, handled: Option<&str>) -> Released {
+        let lease = HeldLease {
+            chat,
+            ticket: &g.ticket,
+            token: g.token,
+        };
+        self.op(|s, env, p| s.release(env, &lease, handled, p))
+    }
+
+    fn check(&mut self, chat: &str, t: &Ticket) -> TicketState {
+        let w = Waiting {
+            chat,
+            ticket: t,
+            message_id: None,
+        };
+        self.op(|s, env, p| s.check(env, &w, p))
+    }
+
+    fn renew(&mut self, chat: &str, g: &Grant) -> bool {
+        let lease = HeldLease {
+            chat,
+            ticket: &g.ticket,
+            token: g.token,
+        };
+        self.op(|s, env, _| s.renew(env, &lease))
+    }
+
+    fn pushed(&mut self) -> Vec<Grant> {
+        self.pushes.drain(..).map(|(_, g)| g).collect()
+    }
+}
+
+fn ticket(replica: &str, seq: u64) -> Ticket {
+    Ticket {
+        replica: Arc::from(replica),
+        seq,
+    }
+}
+
+fn granted(e: Enqueued) -> Grant {
+    match e {
+        Enqueued::Granted(g) => g,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_free_chat_is_granted_at_once_and_a_busy_one_queues() {
+    let mut f = Fixture::new();
+    let g = granted(f.enqueue("x", &ticket("a", 1), None));
+    assert_eq!(g.token, 1);
+    assert_eq!(g.previous, None);
+    assert_eq!(f.enqueue("x", &ticket("b", 1), None), Enqueued::Queued);
+    assert_eq!(f.shard.active_chats(), 1);
+}
+
+#[test]
+fn release_hands_the_turn_to_the_queue_in_fifo_order() {
+    let mut f = Fixture::new();
+    let g = granted(f.enqueue("x", &ticket("a", 1), None));
+    for (r, seq) in [("b", 1), ("c", 1), ("b", 2)] {
+        assert_eq!(f.enqueue("x", &ticket(r, seq), None), Enqueued::Queued);
+    }
+    let mut holder = g;
+    let mut order = Vec::new();
+    loop {
+        let next = match f.release("x", &holder, None) {
+            Released::Released { next: Some(n) } => n,
+            Released::Released { next: None } => match f.pushed().pop() {
+                Some(n) => n,
+                None => break,
+            },
+            Released::Lost => panic!("a live holder's release is not lost"),
+        };
+        assert!(next.token > holder.token, "tokens rise with every grant");
+        assert_eq!(
+            next.previous.as_ref().map(|p| p.token),
+            Some(holder.token),
+            "each grant names the turn before it"
+        );
+        order.push(next.ticket.to_string());
+        holder = next;
+    }
+    assert_eq!(order, ["b#1", "c#1", "b#2"]);
+    assert_eq!(f.shard.active_chats(), 0);
+}
+
+#[test]
+fn an_expired_lease_is_replaced_by_the_recheck_and_its_release_is_lost() {
+    let mut f = Fixture::new();
+    let g = granted(f.enqueue("x", &ticket("a", 1), None));
+    let w = ticket("b", 1);
+    assert_eq!(f.enqueue("x", &w, None), Enqueued::Queued);
+    // Within the TTL the holder keeps the chat; renewing pushes its end out.
+    f.clock.advance(TTL - Duration::from_millis(1));
+    f.heartbeat("b");
+    assert!(f.renew("x", &g));
+    assert_eq!(f.check("x", &w), TicketState::Waiting);
+    // Now a holds until now + TTL; past that, unrenewed, the re-check moves on.
+    f.clock.advance(TTL + Duration::from_millis(1));
+    f.heartbeat("b");
+    let TicketState::Granted(next) = f.check("x", &w) else {
+        panic!("the waiter gets the chat once the holder's lease expired");
+    };
+    assert_eq!(next.ticket, w);
+    assert_eq!(next.previous.map(|p| p.token), Some(g.token));
+    assert!(!f.renew("x", &g), "the expired lease cannot be renewed");
+    assert_eq!(f.release("x", &g, None), Released::Lost);
+}
+
+#[test]
+fn a_crashed_replicas_tickets_are_skipped_once_its_liveness_lapses() {
+    let mut f = Fixture::new();
+    let g = granted(f.enqueue("x", &ticket("a", 1), None));
+    assert_eq!(f.enqueue("x", &ticket("b", 1), None), Enqueued::Queued);
+    assert_eq!(f.enqueue("x", &ticket("c", 1), None), Enqueued::Queued);
+    // b stops renewing (it crashed); a and c go on.
+    f.clock.advance(TTL + Duration::from_millis(1));
+    f.heartbeat("a");
+    f.heartbeat("c");
+    assert!(
+        !f.renew("x", &g),
+        "a's grant expired too: it did not renew the lease"
+    );
+    let TicketState::Granted(next) = f.check("x", &ticket("c", 1)) else {
+        panic!("c is next: b's ticket is skipped");
+    };
+    assert_eq!(next.ticket, ticket("c", 1));
+}
+
+#[test]
+fn a_grant_to_a_replica_about_to_lapse_ends_with_its_liveness() {
+    let mut f = Fixture::new();
+    let g = granted(f.enqueue("x", &ticket("a", 1), None));
+    assert_eq!(f.enqueue("x", &ticket("b", 1), None), Enqueued::Queued);
+    f.clock.advance(Duration::from_secs(2));
+    // b last renewed 2 s ago: its grant lasts only its remaining second.
+    let next = match f.release("x", &g, None) {
+        Released::Released { next: None } => f.pushed().pop().expect("pushed to b"),
+        other => panic!("{other:?}"),
+    };
+    f.clock.advance(Duration::from_millis(1001));
+    assert!(!f.renew("x", &next));
+}
+
+#[test]
+fn a_duplicate_is_refused_while_its_claim_lives_and_after_it_was_handled() {
+    let mut f = Fixture::new();
+    let g = granted(f.enqueue("x", &ticket("a", 1), Some("m1")));
+    // The same id through another replica while the first is held: a duplicate.
+    assert_eq!(
+        f.enqueue("x", &ticket("b", 1), Some("m1")),
+        Enqueued::Duplicate
+    );
+    assert_eq!(
+        f.release("x", &g, Some("m1")),
+        Released::Released { next: None }
+    );
+    assert_eq!(
+        f.enqueue("x", &ticket("b", 2), Some("m1")),
+        Enqueued::Duplicate
+    );
+    // After the window the id is new again.
+    f.clock.advance(DEDUP + Duration::from_secs(1));
+    f.heartbeat("b");
+    assert!(matches!(
+        f.enqueue("x", &ticket("b", 3), Some("m1")),
+        Enqueued::Granted(_)
+    ));
+}
+
+#[test]
+fn a_claim_whose_ticket_died_unhandled_gives_way_to_a_redelivery() {
+    let mut f = Fixture::new();
+    let g = granted(f.enqueue("x", &ticket("a", 1), None));
+    assert_eq!(
+        f.enqueue("x", &ticket("b", 1), Some("m1")),
+        Enqueued::Queued
+    );
+    // b crashes with m1 queued; once its liveness lapses a redelivery runs.
+    f.clock.advance(TTL + Duration::from_millis(1));
+    f.heartbeat("c");
+    let redelivered = granted(f.enqueue("x", &ticket("c", 1), Some("m1")));
+    assert_eq!(redelivered.previous.map(|p| p.token), Some(g.token));
+}
+
+#[test]
+fn tokens_keep_rising_after_an_idle_chat_is_forgotten() {
+    let mut f = Fixture::new();
+    let g = granted(f.enqueue("x", &ticket("a", 1), None));
+    assert_eq!(f.release("x", &g, None), Released::Released { next: None });
+    // Within the history the next grant names the previous holder...
+    let g2 = granted(f.enqueue("x", &ticket("b", 1), None));
+    assert_eq!(g2.previous.as_ref().map(|p| p.token), Some(g.token));
+    assert_eq!(f.release("x", &g2, None), Released::Released { next: None });
+    // ...after it, the chat is forgotten, but its token still rises.
+    f.clock.advance(Duration::from_secs(3601));
+    f.heartbeat("a");
+    let g3 = granted(f.enqueue("x", &ticket("a", 2), None));
+    assert_eq!(g3.previous, None);
+    assert!(g3.token > g2.token);
+}
+
+#[test]
+fn checkpoints_are_fenced_by_the_live_lease() {
+    let mut f = Fixture::new();
+    let g = granted(f.enqueue("x", &ticket("a", 1), None));
+    let now = f.clock.now();
+    assert!(f.shard.write_checkpoint(now, "x", g.token, Some("{}")));
+    assert!(!f.shard.write_checkpoint(now, "x", g.token + 1, Some("{}")));
+    f.clock.advance(TTL + Duration::from_millis(1));
+    let later = f.clock.now();
+    assert!(
+        !f.shard.write_checkpoint(later, "x", g.token, Some("{}")),
+        "a holder whose lease ran out writes nothing"
+    );
+    assert_eq!(
+        f.shard.read_checkpoint(later, "x"),
+        Some((g.token, "{}".to_owned()))
+    );
+}

@@ -1,0 +1,274 @@
+//! `Replica`: one member of a bot's replica set, attached to a coordinator.
+//!
+//! A replica owns the client side of the turn protocol (`core.rs`): it numbers its
+//! tickets, routes grants to whoever waits for them, drops tickets whose wait ran out,
+//! and runs the one renewal thread that keeps all its leases alive (`renewal.rs`).
+//! The parts below it are plain data judged by a clock passed in: the waiter table
+//! (`waiters.rs`), a held lease (`lease.rs`), and the stored form of chat ids
+//! (`names.rs`).
+//!
+//! Waiting never occupies a thread of the replica: a waiter is a callback in a table,
+//! run when its grant arrives. [`Replica::acquire`] and its `try_` / `_timeout` /
+//! `_deadline` relatives are the blocking forms for code that just wants a
+//! distributed per-chat lock.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::clock::Clock;
+use crate::coordinator::{BackendError, Coordinator};
+use crate::error::{CoordinationUnavailableError, Reason};
+use crate::metrics::{Metrics, MetricsSnapshot};
+
+mod client;
+mod lease;
+mod names;
+mod renewal;
+mod turn;
+mod waiters;
+
+pub use self::client::Accepted;
+pub(crate) use self::client::{Inner, OnGrant};
+pub(crate) use self::lease::{TurnState, period};
+pub(crate) use self::names::provider_lease;
+pub use self::turn::Turn;
+
+/// Where a blocked [`Replica::acquire`] waits for its answer.
+#[derive(Default)]
+struct Slot {
+    result: Mutex<Option<Result<Turn, CoordinationUnavailableError>>>,
+    ready: Condvar,
+}
+
+/// Fills a [`Slot`] once; if dropped unfilled (the replica was aborted and forgot its
+/// waiters), fills it with `shutting_down` so the caller never blocks forever.
+struct Fill {
+    slot: Arc<Slot>,
+    chat: Arc<str>,
+}
+
+impl Fill {
+    fn put(self, r: Result<Turn, CoordinationUnavailableError>) {
+        *self.slot.result.lock() = Some(r);
+        self.slot.ready.notify_one();
+        // `self` drops here with the slot filled; `Drop` sees that and does nothing.
+    }
+}
+
+impl Drop for Fill {
+    fn drop(&mut self) {
+        let mut result = self.slot.result.lock();
+        if result.is_none() {
+            *result = Some(Err(CoordinationUnavailableError::new(
+                Reason::ShuttingDown,
+                &self.chat,
+                None,
+            )));
+            self.slot.ready.notify_one();
+        }
+    }
+}
+
+/// One replica of a bot: a name, a coordinator, and the threads that keep its leases.
+///
+/// Threads: one renewal thread (renews every held lease in one coordinator call per
+/// tick, every TTL/3, and re-checks waiting tickets for lost wake-ups) and one timer
+/// thread (ends waits at their deadline). A replica without coordination (see
+/// [`Bot`](crate::Bot)) runs neither.
+pub struct Replica {
+    pub(crate) inner: Arc<Inner>,
+    threads: Vec<JoinHandle<()>>,
+    stopped: bool,
+}
+
+impl std::fmt::Debug for Replica {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replica")
+            .field("id", &self.inner.id)
+            .field("backend", &self.inner.backend())
+            .finish()
+    }
+}
+
+impl Replica {
+    /// Attaches a replica named `id` to `coordinator` and starts its renewal and timer
+    /// threads.
+    ///
+    /// # Errors
+    /// [`BackendError`] when the coordinator cannot be reached, or when a thread cannot
+    /// be spawned.
+    pub fn start(
+        id: impl Into<String>,
+        coordinator: Arc<dyn Coordinator>,
+    ) -> Result<Replica, BackendError> {
+        Self::start_with(id.into(), coordinator, Arc::default(), true)
+    }
+
+    pub(crate) fn start_with(
+        id: String,
+        coordinator: Arc<dyn Coordinator>,
+        metrics: Arc<Metrics>,
+        background: bool,
+    ) -> Result<Replica, BackendError> {
+        let inner = Inner::attach(id, coordinator, metrics, Clock::real())?;
+        let mut replica = Replica {
+            inner,
+            threads: Vec::new(),
+            stopped: false,
+        };
+        if background {
+            let a = replica.inner.clone();
+            let renewal = std::thread::Builder::new()
+                .name(format!("botmesh-lease-{}", a.id))
+                .spawn(move || renewal::renewal_loop(&a))
+                .map_err(|e| BackendError::new(format!("cannot spawn a thread: {e}")))?;
+            replica.threads.push(renewal);
+            replica.start_timer()?;
+        }
+        Ok(replica)
+    }
+
+    /// Starts the timer thread (wait deadlines; a bot's settle cuts and delays) unless
+    /// it runs already.
+    pub(crate) fn start_timer(&self) -> Result<(), BackendError> {
+        self.inner
+            .timer
+            .start(format!("botmesh-timer-{}", self.inner.id))
+            .map_err(|e| BackendError::new(format!("cannot spawn a thread: {e}")))
+    }
+
+    /// This replica's id.
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// A snapshot of this replica's counters.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.inner.metrics.snapshot()
+    }
+
+    /// Waits for `chat`'s turn, blocking the calling thread, and returns it held.
+    /// Turns are granted in FIFO order across replicas. Waits as long as it takes
+    /// (like crossbeam-channel's `recv`); see [`Replica::acquire_timeout`] for a
+    /// bounded wait.
+    ///
+    /// # Errors
+    /// [`CoordinationUnavailableError`] with reason `backend` when the coordinator
+    /// could not be reached, `shutting_down` when the replica is stopping.
+    pub fn acquire(&self, chat: &str) -> Result<Turn, CoordinationUnavailableError> {
+        self.acquire_for(chat, Duration::MAX)
+    }
+
+    /// Takes `chat`'s turn only if it is free now and nobody waits for it: no
+    /// waiting, one coordinator round trip.
+    ///
+    /// # Errors
+    /// [`CoordinationUnavailableError`] with reason `timeout` when the chat is held
+    /// or others wait for it, `backend` when the coordinator could not be reached,
+    /// `shutting_down` when the replica is stopping.
+    pub fn try_acquire(&self, chat: &str) -> Result<Turn, CoordinationUnavailableError> {
+        self.acquire_for(chat, Duration::ZERO)
+    }
+
+    /// Waits for `chat`'s turn for at most `timeout`.
+    ///
+    /// # Errors
+    /// [`CoordinationUnavailableError`] with reason `timeout` when the wait ran out,
+    /// `backend` when the coordinator could not be reached, `shutting_down` when the
+    /// replica is stopping.
+    pub fn acquire_timeout(
+        &self,
+        chat: &str,
+        timeout: Duration,
+    ) -> Result<Turn, CoordinationUnavailableError> {
+        match Instant::now().checked_add(timeout) {
+            Some(deadline) => self.acquire_deadline(chat, deadline),
+            None => self.acquire(chat),
+        }
+    }
+
+    /// Waits for `chat`'s turn until `deadline` (an instant of the real clock).
+    ///
+    /// # Errors
+    /// As [`Replica::acquire_timeout`].
+    pub fn acquire_deadline(
+        &self,
+        chat: &str,
+        deadline: Instant,
+    ) -> Result<Turn, CoordinationUnavailableError> {
+        self.acquire_for(chat, deadline.saturating_duration_since(Instant::now()))
+    }
+
+    fn acquire_for(
+        &self,
+        chat: &str,
+        wait: Duration,
+    ) -> Result<Turn, CoordinationUnavailableError> {
+        let slot = Arc::new(Slot::default());
+        let fill = Fill {
+            slot: slot.clone(),
+            chat: Arc::from(chat),
+        };
+        let on_grant: OnGrant = Box::new(move |r| fill.put(r));
+        self.inner.enqueue(chat, None, wait, on_grant)?;
+        let mut result = slot.result.lock();
+        loop {
+            if let Some(r) = result.take() {
+                return r;
+            }
+            slot.ready.wait(&mut result);
+        }
+    }
+
+    /// A clean stop: ends the threads, reports waiting tickets as `shutting_down`, and
+    /// releases everything this replica holds at the coordinator so other replicas get
+    /// its chats at once. Turns still held become lost ([`Turn::is_lost`]), so release
+    /// them first. Dropping the `Replica` does the same: keep it alive while you use
+    /// its turns.
+    pub fn shutdown(mut self) {
+        self.stop(false);
+    }
+
+    /// A simulated crash: the threads stop and nothing is released or reported; the
+    /// replica's leases expire after the TTL and its queued tickets are skipped once its
+    /// liveness lapses. Turns still held read as lost. For tests and simulations of
+    /// replica failure.
+    pub fn abort(mut self) {
+        self.stop(true);
+    }
+
+    /// First phase of a clean stop (see [`Inner::cancel_waiters`]).
+    pub(crate) fn cancel_waiters(&self) {
+        self.inner.cancel_waiters();
+    }
+
+    fn stop(&mut self, aborted: bool) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        if aborted {
+            self.inner.set_aborted();
+        } else {
+            self.inner.cancel_waiters();
+        }
+        *self.inner.stop.lock() = true;
+        self.inner.stop_cv.notify_all();
+        self.inner.timer.stop(true);
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                log::error!(target: "botmesh::replica", "a background thread panicked");
+            }
+        }
+        self.inner.finish_stop(aborted);
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.stop(false);
+    }
+}

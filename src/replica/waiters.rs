@@ -1,0 +1,166 @@
+//! The replica's table of waiting tickets: which message waits on which chat, since
+//! when, and whether the backend has confirmed its place.
+//!
+//! A waiter is an entry here, not a blocked thread: its callback `G` runs when its
+//! grant arrives. The table is plain data; the replica's core holds it under a lock
+//! and passes the present in, so its answers are tested without a clock.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// A waiting ticket as the renewal tick lists it: (chat, seq, message id).
+pub(crate) type PlacedWaiter = (Arc<str>, u64, Option<Arc<str>>);
+
+/// One waiting ticket.
+pub(crate) struct Waiter<G> {
+    /// The chat, in its stored form.
+    pub(crate) chat: Arc<str>,
+    /// The message id the ticket claimed, given up if the wait ends unhandled.
+    pub(crate) message_id: Option<Arc<str>>,
+    /// When the message was taken in: its wait and its metrics count from here.
+    pub(crate) since: Instant,
+    /// Longest it may wait (`turn_wait`).
+    pub(crate) wait: Duration,
+    /// Set once the backend confirmed the ticket is queued; only placed tickets are
+    /// re-checked, so a ticket whose enqueue is still in flight is never reported lost.
+    pub(crate) placed: bool,
+    /// What runs when the wait ends, with the turn or with why not.
+    pub(crate) on_grant: G,
+}
+
+/// Waiting tickets by sequence number.
+pub(crate) struct Waiters<G> {
+    map: HashMap<u64, Waiter<G>>,
+}
+
+impl<G> Default for Waiters<G> {
+    fn default() -> Self {
+        Waiters {
+            map: HashMap::default(),
+        }
+    }
+}
+
+impl<G> Waiters<G> {
+    pub(crate) fn insert(&mut self, seq: u64, waiter: Waiter<G>) {
+        self.map.insert(seq, waiter);
+    }
+
+    /// Takes a waiter out: whoever takes it (a grant, the timer, a cancel) owns its
+    /// outcome, so each wait ends exactly once.
+    pub(crate) fn take(&mut self, seq: u64) -> Option<Waiter<G>> {
+        self.map.remove(&seq)
+    }
+
+    /// Marks a ticket as placed at the backend; `false` if it is gone already.
+    pub(crate) fn mark_placed(&mut self, seq: u64) -> bool {
+        self.map.get_mut(&seq).map(|w| w.placed = true).is_some()
+    }
+
+    /// How much of a ticket's wait is left at `now`; `None` once it is gone.
+    pub(crate) fn left(&self, seq: u64, now: Instant) -> Option<Duration> {
+        self.map.get(&seq).map(|w| {
+            w.wait
+                .saturating_sub(now.saturating_duration_since(w.since))
+        })
+    }
+
+    /// Every waiting ticket's sequence number.
+    pub(crate) fn seqs(&self) -> Vec<u64> {
+        self.map.keys().copied().collect()
+    }
+
+    /// Takes every waiter out (a crash forgets them).
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = Waiter<G>> + '_ {
+        self.map.drain().map(|(_, w)| w)
+    }
+
+    /// Per chat, the earliest placed ticket: only it can be the next grant among
+    /// ours, and the backend keeps a replica's tickets of a chat alive together, so
+    /// one re-check per chat suffices however deep the queue. Sorted by sequence.
+    pub(crate) fn first_placed_per_chat(&self) -> Vec<PlacedWaiter> {
+        let mut first: HashMap<Arc<str>, (u64, Option<Arc<str>>)> = HashMap::default();
+        for (seq, w) in self.map.iter().filter(|(_, w)| w.placed) {
+            let e = first
+                .entry(w.chat.clone())
+                .or_insert_with(|| (*seq, w.message_id.clone()));
+            if *seq < e.0 {
+                *e = (*seq, w.message_id.clone());
+            }
+        }
+        let mut list: Vec<PlacedWaiter> = first
+            .into_iter()
+            .map(|(chat, (seq, id))| (chat, seq, id))
+            .collect();
+        list.sort_unstable_by_key(|w| w.1);
+        list
+    }
+
+    /// The placed tickets on one chat, in intake order.
+    pub(crate) fn placed_on(&self, chat: &str) -> Vec<PlacedWaiter> {
+        let mut list: Vec<PlacedWaiter> = self
+            .map
+            .iter()
+            .filter(|(_, w)| w.placed && &*w.chat == chat)
+            .map(|(seq, w)| (w.chat.clone(), *seq, w.message_id.clone()))
+            .collect();
+        list.sort_unstable_by_key(|w| w.1);
+        list
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Clock;
+
+    fn waiter(chat: &str, since: Instant, placed: bool) -> Waiter<&'static str> {
+        Waiter {
+            chat: Arc::from(chat),
+            message_id: None,
+            since,
+            wait: Duration::from_secs(10),
+            placed,
+            on_grant: "cb",
+        }
+    }
+
+    #[test]
+    fn the_recheck_lists_one_placed_ticket_per_chat_the_earliest() {
+        let clock = Clock::fake();
+        let now = clock.now();
+        let mut t = Waiters::default();
+        t.insert(5, waiter("a", now, true));
+        t.insert(3, waiter("a", now, true));
+        t.insert(4, waiter("b", now, true));
+        // In flight: its enqueue has not returned, so it is not re-checked yet.
+        t.insert(1, waiter("b", now, false));
+        let list: Vec<(String, u64)> = t
+            .first_placed_per_chat()
+            .into_iter()
+            .map(|(c, s, _)| (c.to_string(), s))
+            .collect();
+        assert_eq!(list, [("a".to_owned(), 3), ("b".to_owned(), 4)]);
+        assert!(t.mark_placed(1));
+        assert_eq!(t.first_placed_per_chat()[0].1, 1);
+        let on_a: Vec<u64> = t.placed_on("a").into_iter().map(|w| w.1).collect();
+        assert_eq!(on_a, [3, 5]);
+    }
+
+    #[test]
+    fn a_wait_ends_once_and_its_time_left_runs_down_by_the_clock() {
+        let clock = Clock::fake();
+        let mut t = Waiters::default();
+        t.insert(1, waiter("a", clock.now(), true));
+        clock.advance(Duration::from_secs(4));
+        assert_eq!(t.left(1, clock.now()), Some(Duration::from_secs(6)));
+        clock.advance(Duration::from_secs(60));
+        assert_eq!(t.left(1, clock.now()), Some(Duration::ZERO));
+        assert!(t.take(1).is_some());
+        assert!(t.take(1).is_none(), "a second taker gets nothing");
+        assert!(!t.mark_placed(1));
+        assert_eq!(t.left(1, clock.now()), None);
+    }
+}
