@@ -165,17 +165,7 @@ impl Run {
 fn demo(options: &Options) -> Result<bool, String> {
     let own_redis = match &options.redis_url {
         Some(_) => None,
-        None => {
-            let found = Command::new("redis-server").arg("--version").output();
-            if found.is_err() {
-                return Err(
-                    "redis-server is not on PATH; install it (apt-get install redis-server) \
-                     or pass --redis-url"
-                        .to_owned(),
-                );
-            }
-            Some(RedisServer::start())
-        }
+        None => Some(RedisServer::try_start().map_err(|e| format!("{e}; or pass --redis-url"))?),
     };
     let redis_url = match (&options.redis_url, &own_redis) {
         (Some(url), _) => url.clone(),

@@ -14,7 +14,7 @@
 //! `{"persistent_resumed":true,"non_persistent_dropped":true,"stale_continued":false,…,"ok":true}`;
 //! the exit status is 1 when one did not.
 
-#[path = "support/redis_server.rs"]
+#[path = "../tests/support/redis_server.rs"]
 mod redis_server;
 
 use std::collections::HashMap;
@@ -318,7 +318,8 @@ fn demo(url: Option<String>) -> Result<bool, String> {
     let (_server, url) = match url {
         Some(u) => (None, u),
         None => {
-            let s = redis_server::RedisServer::start()?;
+            let s = redis_server::RedisServer::try_start()
+                .map_err(|e| format!("{e}; or pass --redis-url"))?;
             let u = s.url();
             (Some(s), u)
         }

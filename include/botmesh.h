@@ -28,6 +28,8 @@
 extern "C" {
 #endif
 
+/* Status and outcome codes: the values come from src/ffi/status.rs; tests/ffi.rs fails
+ * when a name or value here differs from it. */
 typedef int botmesh_status;
 #define BOTMESH_OK 0            /* done */
 #define BOTMESH_INVALID 1       /* a NULL or non-UTF-8 argument, zero workers */

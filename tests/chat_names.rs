@@ -2,31 +2,18 @@
 //! runtime's reserved lease names) keep their checkpoints under the same stored name
 //! as their turns, so checkpoint fencing compares against the chat's own grants.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use botmesh::DEFAULT_DEDUP_WINDOW;
 use botmesh::{
     Bot, CoordinationConfig, Coordinator, CoordinatorConfig, Flow, MemoryCoordinator, Message,
-    Outcome, Provider, ProviderError, Session,
+    Outcome,
 };
 use crossbeam_channel::unbounded;
-
-/// Flows need a provider to send their prompts through; this one drops them.
-struct Mute;
-
-impl Provider for Mute {
-    fn id(&self) -> &str {
-        "mute"
-    }
-    fn start(&self, _: Session) -> Result<(), ProviderError> {
-        Ok(())
-    }
-    fn stop(&self) {}
-    fn send(&self, _: &str, _: &str) -> Result<(), ProviderError> {
-        Ok(())
-    }
-}
+use support::transport::Outbox;
 
 #[test]
 fn checkpoints_use_the_stored_chat_name() {
@@ -40,7 +27,7 @@ fn checkpoints_use_the_stored_chat_name() {
         .coordination(CoordinationConfig::new(CoordinatorConfig::Shared(
             c.clone(),
         )))
-        .provider(Arc::new(Mute))
+        .provider(Arc::new(Outbox::mute()))
         .flow(
             Flow::new("order")
                 .keywords(["order"])

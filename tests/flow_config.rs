@@ -1,35 +1,16 @@
 //! Flows refused at `build`, each with an error naming the flow (or setting) and the
 //! value at fault; and routing rules that need no backend.
 
-use std::sync::{Arc, Mutex};
+mod support;
+
+use std::sync::Arc;
 use std::time::Duration;
 
-use botmesh::{
-    Bot, Capture, CoordinationConfig, CoordinatorConfig, Flow, Message, Provider, ProviderError,
-    Session, StartError,
-};
-
-struct Sink(Arc<Mutex<Vec<String>>>);
-
-impl Provider for Sink {
-    fn id(&self) -> &str {
-        "sink"
-    }
-    fn start(&self, _: Session) -> Result<(), ProviderError> {
-        Ok(())
-    }
-    fn stop(&self) {}
-    fn send(&self, _chat: &str, text: &str) -> Result<(), ProviderError> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(text.to_owned());
-        Ok(())
-    }
-}
+use botmesh::{Bot, Capture, CoordinationConfig, CoordinatorConfig, Flow, Message, StartError};
+use support::transport::Outbox;
 
 fn build(flows: Vec<Flow>, config: Option<CoordinationConfig>) -> Result<Bot, StartError> {
-    let mut b = Bot::builder().provider(Arc::new(Sink(Arc::default())));
+    let mut b = Bot::builder().provider(Arc::new(Outbox::mute()));
     if let Some(c) = config {
         b = b.coordination(c);
     }
@@ -130,11 +111,11 @@ fn settings_that_would_break_flows_are_refused() {
 /// the conversation so the next message is free again.
 #[test]
 fn keywords_before_catch_all_and_capture_end() {
-    let sent = Arc::new(Mutex::new(Vec::new()));
+    let (sent_tx, sent) = crossbeam_channel::unbounded();
     let (tx, rx) = crossbeam_channel::unbounded();
     let bot = Bot::builder()
         .workers(1)
-        .provider(Arc::new(Sink(sent.clone())))
+        .provider(Arc::new(Outbox::new("a", sent_tx)))
         .flow(Flow::new("any").catch_all().answer("fallback"))
         .flow(
             Flow::new("form")
@@ -158,6 +139,6 @@ fn keywords_before_catch_all_and_capture_end() {
         rx.recv_timeout(Duration::from_secs(20)).expect("ended");
     }
     bot.shutdown();
-    let sent = sent.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let sent: Vec<String> = sent.try_iter().map(|(_, _, text)| text).collect();
     assert_eq!(sent, ["name?", "fallback"]);
 }

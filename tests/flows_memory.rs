@@ -1,6 +1,7 @@
 //! Conversations (settle, checkpoints, handover) against `MemoryCoordinator`.
 
 mod conversations;
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;

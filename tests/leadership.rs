@@ -2,8 +2,7 @@
 //! sharing one coordinator, in front of the exclusive test platform
 //! (`support/transport.rs`), which counts a conflict whenever two sessions overlap.
 
-#[path = "support/transport.rs"]
-mod transport;
+mod support;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,20 +14,11 @@ use botmesh::{
     ProviderError, ProviderSession, Reason, Replica, Session, StartError, Status,
 };
 use crossbeam_channel::{Receiver, Sender, unbounded};
-use transport::{Client, ClientEvent, Event, Server};
+use support::serial;
+use support::transport::{Client, ClientEvent, Event, Server};
 
 const P: &str = "platform";
 const LONG: Duration = Duration::from_secs(20);
-
-/// These tests bound hand-over times against the lease TTL; a CPU-heavy neighbour on a
-/// 2-core machine must not eat into the bound.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 fn coordinator(ttl: Duration) -> Arc<MemoryCoordinator> {
     Arc::new(MemoryCoordinator::with_settings(ttl, DEFAULT_DEDUP_WINDOW))

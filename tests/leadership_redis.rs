@@ -13,21 +13,11 @@ use std::time::{Duration, Instant};
 
 use botmesh::redis::{RedisCoordinator, RedisOptions};
 use botmesh::{Bot, CoordinationConfig, CoordinatorConfig, ProviderSession, Reason, Replica};
-use support::RedisServer;
 use support::process::{PROVIDER, ReplicaConfig, ReplicaProcess, run_replica};
 use support::transport::{Client, Event, Server};
+use support::{RedisServer, serial};
 
 const LONG: Duration = Duration::from_secs(30);
-
-/// These tests bound hand-over times against the lease TTL and run several processes;
-/// they run one at a time so that a neighbour does not starve them.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 /// Child process: one replica (see `support::process`). Not a test by itself.
 #[test]

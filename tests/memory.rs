@@ -1,6 +1,7 @@
 //! The conformance suite against `MemoryCoordinator`.
 
 mod conformance;
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;

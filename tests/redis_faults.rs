@@ -15,20 +15,9 @@ use botmesh::{
 };
 use botmesh::{EnqueueRequest, Enqueued, HeldLease, Released, Ticket};
 use crossbeam_channel::unbounded;
-use support::{Proxy, RedisServer};
+use support::{Proxy, RedisServer, serial};
 
 const RECV: Duration = Duration::from_secs(30);
-
-/// The fault tests run one at a time: several bound how long a recovery takes
-/// against the lease TTL, and a neighbour restarting its server or flooding the CPU
-/// of a 2-core machine must not eat into that bound.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 fn coordinator(url: &str, ttl: Duration) -> Arc<RedisCoordinator> {
     let options = RedisOptions::new(url)

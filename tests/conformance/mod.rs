@@ -1,6 +1,7 @@
 //! The conformance suite of the `Coordinator` contract (SPEC §3, §8), written once and
-//! run unchanged against every backend: a backend's test file implements [`Harness`]
-//! and calls `suite!(ItsHarness)`.
+//! run unchanged against every backend: a backend's test file declares `mod support;`
+//! (the suite's tests hold `support::serial`), implements [`Harness`] and calls
+//! `suite!(ItsHarness)`.
 //!
 //! Events are ordered with channels and barriers, never with sleeps; where the contract
 //! itself is about time (a TTL running out), the tests wait for the event with a
@@ -33,16 +34,6 @@ pub trait Harness: Sized + 'static {
 
 pub const LONG: Duration = Duration::from_secs(30);
 
-/// The suite's tests run one at a time: several of them are about a lease TTL running
-/// out (or not), and a CPU-heavy neighbour test on a 2-core machine could delay a
-/// renewal thread past a 300 ms TTL.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-pub fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 const RECV: Duration = Duration::from_secs(20);
 
 fn config(h: &impl Harness, turn_wait: Duration) -> CoordinationConfig {
@@ -857,82 +848,82 @@ macro_rules! suite {
     ($h:ty) => {
         #[test]
         fn exclusion_and_fencing() {
-            let _serial = conformance::serial();
+            let _serial = crate::support::serial();
             conformance::exclusion_and_fencing::<$h>();
         }
         #[test]
         fn fifo_across_replicas() {
-            let _serial = conformance::serial();
+            let _serial = crate::support::serial();
             conformance::fifo_across_replicas::<$h>();
         }
         #[test]
         fn timeout_keeps_order_behind() {
-            let _serial = conformance::serial();
+            let _serial = crate::support::serial();
             conformance::timeout_keeps_order_behind::<$h>();
         }
         #[test]
         fn renewal_outlives_ttl() {
-            let _serial = conformance::serial();
+            let _serial = crate::support::serial();
             conformance::renewal_outlives_ttl::<$h>();
         }
         #[test]
         fn stale_release_is_refused() {
-            let _serial = conformance::serial();
+            let _serial = crate::support::serial();
             conformance::stale_release_is_refused::<$h>();
         }
         #[test]
         fn lost_lease_is_reported() {
-            let _serial = conformance::serial();
+            let _serial = crate::support::serial();
             conformance::lost_lease_is_reported::<$h>();
         }
         #[test]
         fn duplicate_across_replicas() {
-            let _serial = conformance::serial();
+            let _serial = crate::support::serial();
             conformance::duplicate_across_replicas::<$h>();
         }
         #[test]
         fn crashed_holder_frees_chat() {
-            let _serial = conformance::serial();
+            let _serial = crate::support::serial();
             conformance::crashed_holder_frees_chat::<$h>();
         }
         #[test]
         fn crashed_replica_queue_is_skipped() {
-            let _serial = conformance::serial();
+            let _serial = crate::support::serial();
             conformance::crashed_replica_queue_is_skipped::<$h>();
         }
         #[test]
         fn clean_stop_frees_at_once() {
-            let _serial = conformance::serial();
+            let _serial = crate::support::serial();
             conformance::clean_stop_frees_at_once::<$h>();
         }
         #[test]
         fn stopping_replica_loses_its_turns() {
-            let _serial = conformance::serial();
+            let _serial = crate::support::serial();
             conformance::stopping_replica_loses_its_turns::<$h>();
         }
         #[test]
         fn lost_wakeup_is_covered_by_recheck() {
-            let _serial = conformance::serial();
+            let _serial = crate::support::serial();
             conformance::lost_wakeup_is_covered_by_recheck::<$h>();
         }
         #[test]
         fn any_chat_id() {
-            let _serial = conformance::serial();
+            let _serial = crate::support::serial();
             conformance::any_chat_id::<$h>();
         }
         #[test]
         fn tokens_rise_after_idle() {
-            let _serial = conformance::serial();
+            let _serial = crate::support::serial();
             conformance::tokens_rise_after_idle::<$h>();
         }
         #[test]
         fn checkpoint_fencing() {
-            let _serial = conformance::serial();
+            let _serial = crate::support::serial();
             conformance::checkpoint_fencing::<$h>();
         }
         #[test]
         fn waiting_holds_no_worker() {
-            let _serial = conformance::serial();
+            let _serial = crate::support::serial();
             conformance::waiting_holds_no_worker::<$h>();
         }
     };

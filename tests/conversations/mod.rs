@@ -1,5 +1,6 @@
 //! Conversations across replicas (SPEC §4, §5): settle, checkpoints and handover,
-//! written once and run against every backend (`flows_memory.rs`, `flows_redis.rs`).
+//! written once and run against every backend (`flows_memory.rs`, `flows_redis.rs`,
+//! which also declare `mod support;`: the tests hold `support::serial`).
 //!
 //! Replicas are bots in this process sharing one coordinator; a crash is
 //! `Bot::abort`. Events are ordered with channels; where the contract is about time
@@ -7,15 +8,17 @@
 
 #![allow(dead_code)]
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use botmesh::{
     Bot, Capture, CoordinationConfig, Coordinator, CoordinatorConfig, FallbackPolicy, Flow,
-    FlowsPolicy, HandoverConfig, Message, Outcome, Provider, ProviderError, Session,
+    FlowsPolicy, HandoverConfig, Message, Outcome,
 };
 use crossbeam_channel::{Receiver, Sender, unbounded};
+
+use crate::support::transport::Outbox;
 
 /// A backend under test.
 pub trait Backend: Sized + 'static {
@@ -25,42 +28,12 @@ pub trait Backend: Sized + 'static {
     fn coordinator(&self) -> Arc<dyn Coordinator>;
 }
 
-/// Tests here run one at a time: they bound `settle` and TTL events in time, and a
-/// CPU-heavy neighbour on a 2-core machine would stretch them.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-pub fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 const RECV: Duration = Duration::from_secs(20);
 const TTL: Duration = Duration::from_secs(2);
 
 fn recv<T>(rx: &Receiver<T>, what: &str) -> T {
     rx.recv_timeout(RECV)
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
-}
-
-/// A transport that records every send as (replica, chat, text).
-struct Outbox {
-    replica: String,
-    tx: Sender<(String, String, String)>,
-}
-
-impl Provider for Outbox {
-    fn id(&self) -> &str {
-        "test-outbox"
-    }
-    fn start(&self, _session: Session) -> Result<(), ProviderError> {
-        Ok(())
-    }
-    fn stop(&self) {}
-    fn send(&self, chat: &str, text: &str) -> Result<(), ProviderError> {
-        let _ = self
-            .tx
-            .send((self.replica.clone(), chat.to_owned(), text.to_owned()));
-        Ok(())
-    }
 }
 
 /// What the replicas of one test share: their sends and outcomes, in order.
@@ -116,10 +89,7 @@ impl World {
             .id(id)
             .workers(workers)
             .coordination(config)
-            .provider(Arc::new(Outbox {
-                replica: id.to_owned(),
-                tx: self.sent_tx.clone(),
-            }))
+            .provider(Arc::new(Outbox::new(id, self.sent_tx.clone())))
             .handler(move |ctx| {
                 if ctx.message().text == "probe" {
                     let _ = probe_in.send(());
@@ -603,10 +573,7 @@ pub fn timed_step_runs_under_the_turn<B: Backend>() {
         .id("timed")
         .workers(2)
         .coordination(w.config())
-        .provider(Arc::new(Outbox {
-            replica: "timed".into(),
-            tx: w.sent_tx.clone(),
-        }))
+        .provider(Arc::new(Outbox::new("timed", w.sent_tx.clone())))
         .flow(remind)
         .handler(move |_| {
             let _ = ev_tx.send("handler starts");
@@ -811,57 +778,57 @@ macro_rules! suite {
     ($b:ty) => {
         #[test]
         fn settle_holds_the_turn() {
-            let _s = conversations::serial();
+            let _s = crate::support::serial();
             conversations::settle_holds_the_turn::<$b>();
         }
         #[test]
         fn settle_stops_a_long_step() {
-            let _s = conversations::serial();
+            let _s = crate::support::serial();
             conversations::settle_stops_a_long_step::<$b>();
         }
         #[test]
         fn persistent_form_survives_a_crash() {
-            let _s = conversations::serial();
+            let _s = crate::support::serial();
             conversations::persistent_form_survives_a_crash::<$b>();
         }
         #[test]
         fn non_persistent_flows_follow_the_policy() {
-            let _s = conversations::serial();
+            let _s = crate::support::serial();
             conversations::non_persistent_flows_follow_the_policy::<$b>();
         }
         #[test]
         fn unresumable_checkpoints_follow_the_fallback() {
-            let _s = conversations::serial();
+            let _s = crate::support::serial();
             conversations::unresumable_checkpoints_follow_the_fallback::<$b>();
         }
         #[test]
         fn stale_conversation_is_never_continued() {
-            let _s = conversations::serial();
+            let _s = crate::support::serial();
             conversations::stale_conversation_is_never_continued::<$b>();
         }
         #[test]
         fn quick_answers_read_the_previous_state() {
-            let _s = conversations::serial();
+            let _s = crate::support::serial();
             conversations::quick_answers_read_the_previous_state::<$b>();
         }
         #[test]
         fn timed_step_runs_under_the_turn() {
-            let _s = conversations::serial();
+            let _s = crate::support::serial();
             conversations::timed_step_runs_under_the_turn::<$b>();
         }
         #[test]
         fn delay_runs_the_next_steps() {
-            let _s = conversations::serial();
+            let _s = crate::support::serial();
             conversations::delay_runs_the_next_steps::<$b>();
         }
         #[test]
         fn deposed_step_is_refused() {
-            let _s = conversations::serial();
+            let _s = crate::support::serial();
             conversations::deposed_step_is_refused::<$b>();
         }
         #[test]
         fn delay_holds_no_worker() {
-            let _s = conversations::serial();
+            let _s = crate::support::serial();
             conversations::delay_holds_no_worker::<$b>();
         }
     };

@@ -1,6 +1,9 @@
-//! An exclusive-session test transport: a loopback TCP "platform" that allows one
-//! session at a time, as WhatsApp Web ("replaced") and Telegram long polling (`409
-//! Conflict`) do, and a client [`Provider`](botmesh::Provider) that talks to it.
+//! Test transports. [`Outbox`]: a provider with no platform behind it, for bots that
+//! only need somewhere to send (flows' prompts and answers), recording what they send.
+//! [`Server`] and [`Client`]: an exclusive-session platform on loopback TCP that
+//! allows one session at a time, as WhatsApp Web ("replaced") and Telegram long
+//! polling (`409 Conflict`) do, and a client [`Provider`](botmesh::Provider) that
+//! talks to it.
 //!
 //! The server is the judge of the leadership tests: a newer session closes the older
 //! one and counts a *conflict*, so "never two leaders" reads as "no conflict". It also
@@ -17,8 +20,6 @@
 //! | server | `REPLACED` / `LOGGEDOUT` | the session was closed by a newer one / by `deny` |
 //! | client | `BYE` | close the session; the server answers `BYE` once it recorded the end |
 //! | client | `SEND replica token chat text` | on a connection of its own: send a reply; answered `OK` or `FENCED max` |
-
-#![allow(dead_code)]
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
@@ -75,6 +76,50 @@ pub enum Event {
         chat: String,
         text: String,
     },
+}
+
+/// One send an [`Outbox`] saw: (replica, chat, text).
+pub type Sent = (String, String, String);
+
+/// A provider with no platform behind it: every send succeeds and, unless mute, is
+/// recorded on a channel that the replicas of a test may share.
+pub struct Outbox {
+    replica: String,
+    sent: Option<Sender<Sent>>,
+}
+
+impl Outbox {
+    /// Records the sends of `replica` on `sent`.
+    pub fn new(replica: &str, sent: Sender<Sent>) -> Self {
+        Outbox {
+            replica: replica.to_owned(),
+            sent: Some(sent),
+        }
+    }
+
+    /// Drops every send.
+    pub fn mute() -> Self {
+        Outbox {
+            replica: String::new(),
+            sent: None,
+        }
+    }
+}
+
+impl Provider for Outbox {
+    fn id(&self) -> &str {
+        "test-outbox"
+    }
+    fn start(&self, _session: Session) -> Result<(), ProviderError> {
+        Ok(())
+    }
+    fn stop(&self) {}
+    fn send(&self, chat: &str, text: &str) -> Result<(), ProviderError> {
+        if let Some(sent) = &self.sent {
+            let _ = sent.send((self.replica.clone(), chat.to_owned(), text.to_owned()));
+        }
+        Ok(())
+    }
 }
 
 struct Live {

@@ -22,29 +22,13 @@ use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use crate::config::CoordinationConfig;
-use crate::error::Reason;
-use crate::message::Message;
-use crate::provider::{Provider, ProviderError, Session};
-use crate::{Bot, Context};
+use crate::{
+    Accepted, Bot, Context, CoordinationConfig, Intake, Message, Outcome, Provider, ProviderError,
+    Reason, Session, StartError,
+};
 
-/// Status codes of the C API (`botmesh_status`).
-pub const BOTMESH_OK: c_int = 0;
-/// An argument was invalid (a NULL where a value is needed, a string that is not
-/// UTF-8, zero workers).
-pub const BOTMESH_INVALID: c_int = 1;
-/// The configuration was refused; the message names the field and the value.
-pub const BOTMESH_CONFIG: c_int = 2;
-/// The coordinator could not be reached.
-pub const BOTMESH_BACKEND: c_int = 3;
-/// The bot is shutting down and took nothing in.
-pub const BOTMESH_SHUTTING_DOWN: c_int = 4;
-/// The message was a duplicate of one seen within the dedup window (not an error).
-pub const BOTMESH_DUPLICATE: c_int = 5;
-/// The transport refused or failed (a reply).
-pub const BOTMESH_SEND_FAILED: c_int = 6;
-/// Rust code panicked; the message says where. Nothing was unwound into C.
-pub const BOTMESH_PANIC: c_int = 7;
+mod status;
+pub use status::*;
 
 /// An error message holder owned by the caller (`botmesh_error`): the status and
 /// message of the last call that was given it.
@@ -53,17 +37,6 @@ pub struct BotmeshError {
     message: CString,
     status: c_int,
 }
-
-/// How a message ended, as the outcome callback hears it.
-pub const BOTMESH_OUTCOME_HANDLED: c_int = 0;
-/// The handler returned non-zero (or panicked); the message counts as ended and its
-/// id as seen.
-pub const BOTMESH_OUTCOME_FAILED: c_int = 1;
-/// It did not run: its wait for the chat's turn ran out, its lease was lost, the
-/// coordinator failed, or the bot stopped.
-pub const BOTMESH_OUTCOME_DROPPED: c_int = 2;
-/// A duplicate of a message id seen recently.
-pub const BOTMESH_OUTCOME_DUPLICATE: c_int = 3;
 
 /// The most worker threads a bot may ask for from C.
 const MAX_WORKERS: u32 = 1024;
@@ -86,7 +59,7 @@ pub struct BotmeshConfig {
 /// the handle.
 #[derive(Debug)]
 pub struct BotmeshBot {
-    intake: crate::Intake,
+    intake: Intake,
     bot: parking_lot::Mutex<Option<Bot>>,
 }
 
@@ -156,11 +129,7 @@ fn guard(err: *mut BotmeshError, f: impl FnOnce() -> Result<c_int, (c_int, Strin
             status
         }
         Err(panic) => {
-            set_error(
-                err,
-                BOTMESH_PANIC,
-                &crate::error::panic_text("botmesh", &panic),
-            );
+            set_error(err, BOTMESH_PANIC, &crate::error::panic_text("botmesh", &panic));
             BOTMESH_PANIC
         }
     }
@@ -359,17 +328,13 @@ pub unsafe extern "C" fn botmesh_bot_new(
                 }
             });
         if let Some(on_outcome) = on_outcome {
-            builder = builder.on_outcome(move |m: &Message, o: &crate::message::Outcome| {
+            builder = builder.on_outcome(move |m: &Message, o: &Outcome| {
                 let data = data;
                 let (code, detail) = match o {
-                    crate::message::Outcome::Handled { .. } => {
-                        (BOTMESH_OUTCOME_HANDLED, String::new())
-                    }
-                    crate::message::Outcome::Failed(text) => (BOTMESH_OUTCOME_FAILED, text.clone()),
-                    crate::message::Outcome::Dropped(e) => (BOTMESH_OUTCOME_DROPPED, e.to_string()),
-                    crate::message::Outcome::Duplicate => {
-                        (BOTMESH_OUTCOME_DUPLICATE, String::new())
-                    }
+                    Outcome::Handled { .. } => (BOTMESH_OUTCOME_HANDLED, String::new()),
+                    Outcome::Failed(text) => (BOTMESH_OUTCOME_FAILED, text.clone()),
+                    Outcome::Dropped(e) => (BOTMESH_OUTCOME_DROPPED, e.to_string()),
+                    Outcome::Duplicate => (BOTMESH_OUTCOME_DUPLICATE, String::new()),
                 };
                 let chat = CString::new(m.chat.as_str()).unwrap_or_default();
                 let id = m.id.as_deref().map(|i| CString::new(i).unwrap_or_default());
@@ -384,7 +349,7 @@ pub unsafe extern "C" fn botmesh_bot_new(
             builder = builder.coordination(unsafe { (*config).config.clone() });
         }
         let bot = builder.build().map_err(|e| match e {
-            crate::StartError::Config(e) => (BOTMESH_CONFIG, e.to_string()),
+            StartError::Config(e) => (BOTMESH_CONFIG, e.to_string()),
             other => (BOTMESH_BACKEND, other.to_string()),
         })?;
         out = Box::into_raw(Box::new(BotmeshBot {
@@ -428,8 +393,8 @@ pub unsafe extern "C" fn botmesh_bot_deliver(
         // stop its intake refuses).
         let intake = unsafe { &(*bot).intake };
         match intake.deliver(message) {
-            Ok(crate::Accepted::Queued) => Ok(BOTMESH_OK),
-            Ok(crate::Accepted::Duplicate) => Ok(BOTMESH_DUPLICATE),
+            Ok(Accepted::Queued) => Ok(BOTMESH_OK),
+            Ok(Accepted::Duplicate) => Ok(BOTMESH_DUPLICATE),
             Err(e) if e.reason == Reason::ShuttingDown => {
                 Err((BOTMESH_SHUTTING_DOWN, e.to_string()))
             }
