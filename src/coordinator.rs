@@ -1,32 +1,4 @@
-//! The `Coordinator` contract: the seam between the runtime and the backends.
-//!
-//! A backend keeps, per chat, a FIFO queue of *tickets* (one per message taken in) and
-//! at most one *holder*: the ticket whose turn it is. The holder has a lease with a TTL
-//! and a fencing token that is strictly greater than every token handed out before for
-//! that chat. The runtime ([`Replica`](crate::Replica)) drives the backend through the
-//! calls below; users only implement this trait to add a backend.
-//!
-//! The protocol a backend must follow, which the conformance suite in `tests/` checks:
-//!
-//! 1. [`enqueue`](Coordinator::enqueue) places a ticket at the tail of the chat's queue
-//!    and returns only once it is placed. When the chat is free and nobody waits, the
-//!    ticket is granted at once (one call for the uncontended case). A message id seen
-//!    for that chat within the dedup window is answered `Duplicate` instead, unless the
-//!    ticket that claimed it ended without being handled (its replica died or it timed
-//!    out), in which case the new ticket takes over the claim.
-//! 2. [`release`](Coordinator::release) ends a holder's turn and hands the turn straight
-//!    to the next live ticket in the queue (no one can barge in between). A grant for
-//!    the calling replica is returned; a grant for another replica is pushed to that
-//!    replica's [`GrantSink`].
-//! 3. Tickets whose wait deadline passed, or whose replica stopped renewing, are skipped
-//!    at hand-over. A holder whose lease expired is replaced by the next waiter when
-//!    anyone touches the chat (the re-check in [`renew`](Coordinator::renew) makes sure
-//!    someone does).
-//! 4. [`renew`](Coordinator::renew) extends every listed lease of one replica, keeps
-//!    its waiting tickets alive and reports where they stand, in one call.
-//!
-//! Fencing tokens follow Kleppmann, "How to do distributed locking" (2016): a resource
-//! that remembers the highest token it saw can refuse a write from a deposed holder.
+//! The `Coordinator` contract: the seam between the runtime and the backends, and the constants every backend shares. The protocol is documented on [`Coordinator`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -195,6 +167,36 @@ impl std::error::Error for BackendError {}
 /// Implementations: [`MemoryCoordinator`](crate::MemoryCoordinator) (one process).
 /// Every method may block on I/O but never for longer than the backend's own timeouts;
 /// none may block waiting for a turn (waiting is the runtime's job).
+///
+/// The `Coordinator` contract: the seam between the runtime and the backends.
+///
+/// A backend keeps, per chat, a FIFO queue of *tickets* (one per message taken in) and
+/// at most one *holder*: the ticket whose turn it is. The holder has a lease with a TTL
+/// and a fencing token that is strictly greater than every token handed out before for
+/// that chat. The runtime ([`Replica`](crate::Replica)) drives the backend through the
+/// calls below; users only implement this trait to add a backend.
+///
+/// The protocol a backend must follow, which the conformance suite in `tests/` checks:
+///
+/// 1. [`enqueue`](Coordinator::enqueue) places a ticket at the tail of the chat's queue
+///    and returns only once it is placed. When the chat is free and nobody waits, the
+///    ticket is granted at once (one call for the uncontended case). A message id seen
+///    for that chat within the dedup window is answered `Duplicate` instead, unless the
+///    ticket that claimed it ended without being handled (its replica died or it timed
+///    out), in which case the new ticket takes over the claim.
+/// 2. [`release`](Coordinator::release) ends a holder's turn and hands the turn straight
+///    to the next live ticket in the queue (no one can barge in between). A grant for
+///    the calling replica is returned; a grant for another replica is pushed to that
+///    replica's [`GrantSink`].
+/// 3. Tickets whose wait deadline passed, or whose replica stopped renewing, are skipped
+///    at hand-over. A holder whose lease expired is replaced by the next waiter when
+///    anyone touches the chat (the re-check in [`renew`](Coordinator::renew) makes sure
+///    someone does).
+/// 4. [`renew`](Coordinator::renew) extends every listed lease of one replica, keeps
+///    its waiting tickets alive and reports where they stand, in one call.
+///
+/// Fencing tokens follow Kleppmann, "How to do distributed locking" (2016): a resource
+/// that remembers the highest token it saw can refuse a write from a deposed holder.
 pub trait Coordinator: Send + Sync + 'static {
     /// A short name of the backend for logs and benchmark records (`"memory"`, `"redis"`).
     fn backend(&self) -> &'static str;

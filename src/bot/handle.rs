@@ -17,7 +17,24 @@ use crate::replica::Replica;
 /// chat's turn.
 ///
 /// Build it with [`Bot::builder`]; feed it through [`Bot::intake`] (or providers);
-/// stop it with [`Bot::shutdown`]. See the [`BotBuilder`] example.
+/// stop it with [`Bot::shutdown`]. See the [`BotBuilder`](crate::BotBuilder) example.
+///
+/// A message goes through three stages:
+///
+/// 1. **Intake** ([`Intake::deliver`](crate::Intake::deliver), called by a provider or
+///    a webhook handler): the message gets a ticket in its chat's queue at the
+///    coordinator. The call returns when the ticket is placed, so the message's place
+///    in its chat's order is fixed before the platform is told "accepted".
+/// 2. **Waiting**: the ticket waits for its grant without holding any thread; the
+///    grant (pushed by a release, or found by the re-check) moves the message to the
+///    ready queue.
+/// 3. **Running**: one of the W workers, all blocked on one condition variable, takes
+///    the next ready message, runs the handler under the turn, and releases the turn,
+///    which hands the chat to its next waiter.
+///
+/// Every accepted message ends exactly once, as an [`Outcome`](crate::Outcome):
+/// handled, failed, dropped (reported through the error hook and the log), or a
+/// duplicate.
 pub struct Bot {
     /// What the workers, the intake and the timer jobs share.
     pub(super) shared: Arc<Shared>,

@@ -129,7 +129,11 @@ fn guard(err: *mut BotmeshError, f: impl FnOnce() -> Result<c_int, (c_int, Strin
             status
         }
         Err(panic) => {
-            set_error(err, BOTMESH_PANIC, &crate::error::panic_text("botmesh", &panic));
+            set_error(
+                err,
+                BOTMESH_PANIC,
+                &crate::error::panic_text("botmesh", &panic),
+            );
             BOTMESH_PANIC
         }
     }

@@ -1,84 +1,4 @@
-//! Flows: scripted conversations (a form, a survey, a reminder) built from steps.
-//!
-//! A [`Flow`] is a named list of steps started by a trigger (keywords, or a
-//! catch-all). Its steps:
-//!
-//! | step | what it does |
-//! | --- | --- |
-//! | [`answer`](Flow::answer) | sends a text |
-//! | [`ask`](Flow::ask) / [`ask_for`](Flow::ask_for) | sends a prompt and waits for the chat's next message; a capture callback accepts it, asks again, or goes to another flow |
-//! | [`action`](Flow::action) | runs your code with a [`StepContext`]: the chat's state (a JSON map), send, an interruptible sleep, a cancellation flag |
-//! | [`delay`](Flow::delay) | waits without holding a worker thread, then runs the next steps under the chat's turn |
-//! | [`goto`](Flow::goto) | continues with another flow (the state is kept) |
-//! | [`end`](Flow::end) | ends the conversation |
-//!
-//! The last step ends the conversation too. An order form:
-//!
-//! ```
-//! use botmesh::{Bot, Capture, Flow};
-//!
-//! let order = Flow::new("order")
-//!     .keywords(["order", "pedido"])
-//!     .persistent() // survives its replica: see "Handover" below
-//!     .answer("Let's take your order.")
-//!     .ask_for("name", "What is your name?")
-//!     .ask_for("address", "Where do we deliver?")
-//!     .ask("Confirm the order? (yes/no)", |answer| match answer.text().trim() {
-//!         "yes" => Capture::Next,
-//!         "no" => Capture::Goto("cancelled".into()),
-//!         _ => Capture::Retry("Please answer yes or no.".into()),
-//!     })
-//!     .action(|step| {
-//!         let name = step.state()["name"].as_str().unwrap_or("?").to_owned();
-//!         step.send(&format!("Thanks {name}, your order is on its way."))?;
-//!         Ok(())
-//!     });
-//! let cancelled = Flow::new("cancelled").answer("Order cancelled.");
-//!
-//! # struct Telegram;
-//! # impl botmesh::Provider for Telegram {
-//! #     fn id(&self) -> &str { "telegram" }
-//! #     fn start(&self, _: botmesh::Session) -> Result<(), botmesh::ProviderError> { Ok(()) }
-//! #     fn stop(&self) {}
-//! #     fn send(&self, _: &str, _: &str) -> Result<(), botmesh::ProviderError> { Ok(()) }
-//! # }
-//! // Flows send through the bot's provider (your transport).
-//! let bot = Bot::builder()
-//!     .provider(std::sync::Arc::new(Telegram))
-//!     .flow(order)
-//!     .flow(cancelled)
-//!     .build()?;
-//! # bot.shutdown();
-//! # Ok::<(), botmesh::StartError>(())
-//! ```
-//!
-//! # Settle, and steps that run at least once
-//!
-//! A message that answers an `ask` (or starts a flow) keeps the chat's turn while the
-//! steps after it run, up to their next wait (`ask`, `delay`) or their end, so the
-//! chat's next message waits for them. That extra time is bounded by `settle`
-//! ([`CoordinationConfig::settle`](crate::CoordinationConfig::settle), default 1 min).
-//! A step still running then is **stopped**: its [`StepContext::is_cancelled`] turns
-//! true, its [`StepContext::sleep`] wakes, its sends and checkpoint writes are refused
-//! from then on, its changes to the state are discarded, and the turn is released. The
-//! worker pool spawns a replacement thread, so a step that ignores cancellation costs
-//! no worker. The stopped step runs **again, from its start**, when the chat's next
-//! message arrives (that message wakes the conversation; it is not an answer to
-//! anything).
-//!
-//! So steps are **at-least-once**: an action may run twice (after a settle cut, or on
-//! another replica after a crash). Make side effects idempotent (an order id in the
-//! state, an upsert) or check [`StepContext::is_cancelled`] before them.
-//!
-//! # Handover
-//!
-//! A [`persistent`](Flow::persistent) flow saves a checkpoint (flow, step, state, the
-//! flow's version, and the checkpoint format) to the coordinator at every step
-//! boundary and wait, fenced by the turn's token. When another replica gets the chat
-//! (its replica crashed, was redeployed, or lost its lease), it resumes the
-//! conversation from that checkpoint. [`HandoverConfig`](crate::HandoverConfig) says
-//! what happens to other flows (`flows: drop | resume`) and to checkpoints that cannot
-//! be resumed (`fallback: drop | restart`). See the crate's README for examples.
+//! The flow builder ([`Flow`], documented there) and what a step sees.
 
 use std::fmt;
 use std::sync::Arc;
@@ -285,9 +205,91 @@ pub(crate) enum Trigger {
 }
 
 /// A named conversation script. Build it with chained calls; register it with
-/// [`BotBuilder::flow`](crate::BotBuilder::flow). See the [module docs](self).
+/// [`BotBuilder::flow`](crate::BotBuilder::flow).
 #[derive(Clone)]
 #[must_use]
+///
+/// Flows: scripted conversations (a form, a survey, a reminder) built from steps.
+///
+/// A [`Flow`] is a named list of steps started by a trigger (keywords, or a
+/// catch-all). Its steps:
+///
+/// | step | what it does |
+/// | --- | --- |
+/// | [`answer`](Flow::answer) | sends a text |
+/// | [`ask`](Flow::ask) / [`ask_for`](Flow::ask_for) | sends a prompt and waits for the chat's next message; a capture callback accepts it, asks again, or goes to another flow |
+/// | [`action`](Flow::action) | runs your code with a [`StepContext`]: the chat's state (a JSON map), send, an interruptible sleep, a cancellation flag |
+/// | [`delay`](Flow::delay) | waits without holding a worker thread, then runs the next steps under the chat's turn |
+/// | [`goto`](Flow::goto) | continues with another flow (the state is kept) |
+/// | [`end`](Flow::end) | ends the conversation |
+///
+/// The last step ends the conversation too. An order form:
+///
+/// ```
+/// use botmesh::{Bot, Capture, Flow};
+///
+/// let order = Flow::new("order")
+///     .keywords(["order", "pedido"])
+///     .persistent() // survives its replica: see "Handover" below
+///     .answer("Let's take your order.")
+///     .ask_for("name", "What is your name?")
+///     .ask_for("address", "Where do we deliver?")
+///     .ask("Confirm the order? (yes/no)", |answer| match answer.text().trim() {
+///         "yes" => Capture::Next,
+///         "no" => Capture::Goto("cancelled".into()),
+///         _ => Capture::Retry("Please answer yes or no.".into()),
+///     })
+///     .action(|step| {
+///         let name = step.state()["name"].as_str().unwrap_or("?").to_owned();
+///         step.send(&format!("Thanks {name}, your order is on its way."))?;
+///         Ok(())
+///     });
+/// let cancelled = Flow::new("cancelled").answer("Order cancelled.");
+///
+/// # struct Telegram;
+/// # impl botmesh::Provider for Telegram {
+/// #     fn id(&self) -> &str { "telegram" }
+/// #     fn start(&self, _: botmesh::Session) -> Result<(), botmesh::ProviderError> { Ok(()) }
+/// #     fn stop(&self) {}
+/// #     fn send(&self, _: &str, _: &str) -> Result<(), botmesh::ProviderError> { Ok(()) }
+/// # }
+/// // Flows send through the bot's provider (your transport).
+/// let bot = Bot::builder()
+///     .provider(std::sync::Arc::new(Telegram))
+///     .flow(order)
+///     .flow(cancelled)
+///     .build()?;
+/// # bot.shutdown();
+/// # Ok::<(), botmesh::StartError>(())
+/// ```
+///
+/// # Settle, and steps that run at least once
+///
+/// A message that answers an `ask` (or starts a flow) keeps the chat's turn while the
+/// steps after it run, up to their next wait (`ask`, `delay`) or their end, so the
+/// chat's next message waits for them. That extra time is bounded by `settle`
+/// ([`CoordinationConfig::settle`](crate::CoordinationConfig::settle), default 1 min).
+/// A step still running then is **stopped**: its [`StepContext::is_cancelled`] turns
+/// true, its [`StepContext::sleep`] wakes, its sends and checkpoint writes are refused
+/// from then on, its changes to the state are discarded, and the turn is released. The
+/// worker pool spawns a replacement thread, so a step that ignores cancellation costs
+/// no worker. The stopped step runs **again, from its start**, when the chat's next
+/// message arrives (that message wakes the conversation; it is not an answer to
+/// anything).
+///
+/// So steps are **at-least-once**: an action may run twice (after a settle cut, or on
+/// another replica after a crash). Make side effects idempotent (an order id in the
+/// state, an upsert) or check [`StepContext::is_cancelled`] before them.
+///
+/// # Handover
+///
+/// A [`persistent`](Flow::persistent) flow saves a checkpoint (flow, step, state, the
+/// flow's version, and the checkpoint format) to the coordinator at every step
+/// boundary and wait, fenced by the turn's token. When another replica gets the chat
+/// (its replica crashed, was redeployed, or lost its lease), it resumes the
+/// conversation from that checkpoint. [`HandoverConfig`](crate::HandoverConfig) says
+/// what happens to other flows (`flows: drop | resume`) and to checkpoints that cannot
+/// be resumed (`fallback: drop | restart`). See the crate's README for examples.
 pub struct Flow {
     pub(crate) name: String,
     pub(crate) trigger: Trigger,

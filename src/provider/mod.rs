@@ -1,39 +1,4 @@
-//! Providers: the transports that bring messages in and take replies out.
-//!
-//! A [`Provider`] connects to a messaging platform (a webhook endpoint, a long-polling
-//! loop, a WhatsApp Web socket…), hands incoming messages to the bot's [`Intake`] and
-//! sends replies. It tells the runtime how its connection is doing through the
-//! [`StatusSender`] of its [`Session`].
-//!
-//! # Who connects: session modes
-//!
-//! Some transports allow one live session per account ([`Capabilities::exclusive_session`]):
-//! WhatsApp Web closes the older session when a newer one logs in ("replaced"), and
-//! Telegram answers a second `getUpdates` poller with `409 Conflict`. Two replicas
-//! connecting at once would knock each other off in a loop. The coordination setting
-//! [`provider_session`](crate::CoordinationConfig::provider_session) decides:
-//!
-//! - [`Leader`](crate::ProviderSession::Leader): only the replica holding the provider's
-//!   leadership lease starts the transport; the other replicas stand by and take over
-//!   when the leader stops (at once), crashes (within the lease TTL plus one re-check)
-//!   or steps down because its transport stayed closed for
-//!   [`provider_down`](crate::CoordinationConfig::provider_down).
-//! - [`Shared`](crate::ProviderSession::Shared): every replica starts it (webhooks: each
-//!   replica receives part of the traffic).
-//! - [`Auto`](crate::ProviderSession::Auto), the default: `Leader` for a provider that
-//!   declares an exclusive session, `Shared` otherwise.
-//!
-//! A bot without coordination (one process) starts every provider itself.
-//!
-//! # Fencing
-//!
-//! A leader's [`Session::fencing_token`] is the token of its leadership lease, strictly
-//! greater than every earlier leader's (Kleppmann, "How to do distributed locking",
-//! 2016). A platform or proxy that remembers the highest token it saw can refuse a
-//! deposed leader that comes back from a pause. The runtime also refuses a reply on a
-//! leader-mode provider whenever this replica does not hold a live leadership lease;
-//! that check runs just before the send, so the platform-side check is what closes the
-//! last gap.
+//! Providers (transports) and their sessions; provider leadership lives in `leadership.rs`. The user-facing story is on [`Provider`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -259,6 +224,43 @@ impl Session {
 ///     }
 /// }
 /// ```
+///
+/// Providers: the transports that bring messages in and take replies out.
+///
+/// A [`Provider`] connects to a messaging platform (a webhook endpoint, a long-polling
+/// loop, a WhatsApp Web socket…), hands incoming messages to the bot's [`Intake`] and
+/// sends replies. It tells the runtime how its connection is doing through the
+/// [`StatusSender`] of its [`Session`].
+///
+/// # Who connects: session modes
+///
+/// Some transports allow one live session per account ([`Capabilities::exclusive_session`]):
+/// WhatsApp Web closes the older session when a newer one logs in ("replaced"), and
+/// Telegram answers a second `getUpdates` poller with `409 Conflict`. Two replicas
+/// connecting at once would knock each other off in a loop. The coordination setting
+/// [`provider_session`](crate::CoordinationConfig::provider_session) decides:
+///
+/// - [`Leader`](crate::ProviderSession::Leader): only the replica holding the provider's
+///   leadership lease starts the transport; the other replicas stand by and take over
+///   when the leader stops (at once), crashes (within the lease TTL plus one re-check)
+///   or steps down because its transport stayed closed for
+///   [`provider_down`](crate::CoordinationConfig::provider_down).
+/// - [`Shared`](crate::ProviderSession::Shared): every replica starts it (webhooks: each
+///   replica receives part of the traffic).
+/// - [`Auto`](crate::ProviderSession::Auto), the default: `Leader` for a provider that
+///   declares an exclusive session, `Shared` otherwise.
+///
+/// A bot without coordination (one process) starts every provider itself.
+///
+/// # Fencing
+///
+/// A leader's [`Session::fencing_token`] is the token of its leadership lease, strictly
+/// greater than every earlier leader's (Kleppmann, "How to do distributed locking",
+/// 2016). A platform or proxy that remembers the highest token it saw can refuse a
+/// deposed leader that comes back from a pause. The runtime also refuses a reply on a
+/// leader-mode provider whenever this replica does not hold a live leadership lease;
+/// that check runs just before the send, so the platform-side check is what closes the
+/// last gap.
 pub trait Provider: Send + Sync {
     /// A stable id, unique among the bot's providers (used in logs and, for leader
     /// sessions, in the leadership lease name `provider:<id>`, so every replica must

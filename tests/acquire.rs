@@ -1,0 +1,76 @@
+//! The `acquire` family of `Replica`, shaped like crossbeam-channel's `recv`:
+//! `acquire` waits as long as it takes, `try_acquire` not at all, `acquire_timeout`
+//! and `acquire_deadline` until a bound. Events are ordered by channels, not sleeps.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use botmesh::{MemoryCoordinator, Reason, Replica};
+
+fn two_replicas() -> (Replica, Replica) {
+    let c = Arc::new(MemoryCoordinator::new());
+    let a = Replica::start("a", c.clone()).expect("a");
+    let b = Replica::start("b", c).expect("b");
+    (a, b)
+}
+
+#[test]
+fn try_acquire_takes_a_free_chat_and_refuses_a_held_one_at_once() {
+    let (a, b) = two_replicas();
+    let turn = a.try_acquire("chat").expect("free");
+    let err = b.try_acquire("chat").expect_err("held by a");
+    assert_eq!(err.reason, Reason::Timeout);
+    turn.release().expect("release");
+    // The refused attempt left nothing queued: the chat is free again at once.
+    b.try_acquire("chat")
+        .expect("free again")
+        .release()
+        .expect("release");
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn acquire_waits_for_the_release_however_long_it_takes() {
+    let (a, b) = two_replicas();
+    let held = a.acquire("chat").expect("free");
+    let token = held.fencing_token();
+    let (started, waiting) = crossbeam_channel::bounded(1);
+    let (done, got) = crossbeam_channel::bounded(1);
+    let waiter = std::thread::spawn(move || {
+        started.send(()).expect("send");
+        let turn = b.acquire("chat").expect("granted after the release");
+        done.send(turn.fencing_token()).expect("send");
+        turn.release().expect("release");
+        b
+    });
+    waiting.recv().expect("waiter started");
+    // Still held: nothing can have been granted yet.
+    assert!(got.try_recv().is_err());
+    held.release().expect("release");
+    assert!(got.recv().expect("granted") > token);
+    waiter.join().expect("waiter").shutdown();
+    a.shutdown();
+}
+
+#[test]
+fn acquire_timeout_and_deadline_give_up_with_timeout() {
+    let (a, b) = two_replicas();
+    let held = a.acquire("chat").expect("free");
+    let err = b
+        .acquire_timeout("chat", Duration::from_millis(20))
+        .expect_err("held throughout");
+    assert_eq!(err.reason, Reason::Timeout);
+    // A deadline already past is a try.
+    let err = b
+        .acquire_deadline("chat", Instant::now())
+        .expect_err("held throughout");
+    assert_eq!(err.reason, Reason::Timeout);
+    held.release().expect("release");
+    let t = b
+        .acquire_deadline("chat", Instant::now() + Duration::from_secs(5))
+        .expect("free now");
+    t.release().expect("release");
+    a.shutdown();
+    b.shutdown();
+}
