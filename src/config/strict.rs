@@ -1,0 +1,260 @@
+//! Strict reading of the config's maps, around serde's derived structs.
+//!
+//! The derive accepts the spellings (`rename_all`, `alias`) and builds the struct, but
+//! its errors ("unknown field `x`", "duplicate field `turnWaitMs`") name neither the
+//! map nor the spelling the user wrote, and a field's own `Deserialize` is never told
+//! the key it was read under. [`read`] hands the derived struct a map that checks each
+//! key first (unknown, given twice under two spellings, required and missing), and
+//! records the key as written, with its path (`coordinator.memory.leaseTtl`), as the
+//! setting being read ([`name_or`]), so that a value's error names it and is still
+//! raised at the value (where the format adds its line and column).
+
+use std::cell::RefCell;
+use std::fmt;
+
+use serde::de::value::StringDeserializer;
+use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, Visitor};
+
+use super::value::{Raw, render_seq, visit_all_but_maps, wrong_kind};
+
+thread_local! {
+    /// The setting being read on this thread. serde gives a `Deserialize` no context,
+    /// and reading is synchronous, so the thread carries it.
+    static SETTING: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// The setting being read, as spelled in the input with its path, or `alone` when a
+/// value is read on its own rather than as part of a config.
+pub(super) fn name_or(alone: &str) -> String {
+    SETTING.with_borrow(|s| s.clone().unwrap_or_else(|| alone.to_owned()))
+}
+
+/// Runs `read` with `path` as the setting being read.
+pub(super) fn within<R>(path: String, read: impl FnOnce() -> R) -> R {
+    /// Puts the outer setting back, also when `read` unwinds.
+    struct Restore(Option<String>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SETTING.set(self.0.take());
+        }
+    }
+    let _restore = Restore(SETTING.replace(Some(path)));
+    read()
+}
+
+/// What one map of the config looks like, for its messages.
+pub(super) struct Shape {
+    /// Names the map when it is read on its own, not as a setting of a larger map.
+    pub(super) alone: &'static str,
+    /// What the map looks like, for a value of another kind.
+    pub(super) expected: &'static str,
+    /// Never show a value of another kind: it may be a URL that holds a password.
+    pub(super) hide: bool,
+    /// A key that must be given, and the message (after the keys' prefix) without it.
+    pub(super) required: Option<(&'static str, &'static str)>,
+}
+
+/// Reads the derived struct `T` from a map shaped as `shape` says.
+pub(super) fn read<'de, T: Deserialize<'de>, D: Deserializer<'de>>(
+    deserializer: D,
+    shape: &'static Shape,
+) -> Result<T, D::Error> {
+    T::deserialize(Strict {
+        inner: deserializer,
+        shape,
+    })
+}
+
+struct Strict<D> {
+    inner: D,
+    shape: &'static Shape,
+}
+
+impl<'de, D: Deserializer<'de>> Deserializer<'de> for Strict<D> {
+    type Error = D::Error;
+
+    /// `fields` holds every spelling the derive accepts, aliases included.
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, D::Error> {
+        let path = SETTING.with_borrow(Clone::clone);
+        let keys = Keys {
+            fields,
+            shape: self.shape,
+            context: path.clone().unwrap_or_else(|| self.shape.alone.to_owned()),
+            prefix: path.map(|p| p + ".").unwrap_or_default(),
+            seen: Vec::new(),
+        };
+        self.inner.deserialize_any(StrictVisitor { visitor, keys })
+    }
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+        self.deserialize_struct("", &[], visitor)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+        byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+        identifier ignored_any
+    }
+}
+
+/// One map's keys: which are accepted, and which were given.
+struct Keys {
+    fields: &'static [&'static str],
+    shape: &'static Shape,
+    /// Names the map in messages.
+    context: String,
+    /// Goes before each key in messages (`coordinator.memory.`).
+    prefix: String,
+    /// The field (see [`field_of`]) and spelling of every key given so far.
+    seen: Vec<(String, String)>,
+}
+
+impl Keys {
+    /// Accepts `key`, or says why not; gives the key's full name.
+    fn admit(&mut self, key: &str) -> Result<String, String> {
+        if !self.fields.contains(&key) {
+            return Err(self.unknown(key));
+        }
+        let field = field_of(key);
+        let prefix = &self.prefix;
+        if let Some((_, earlier)) = self.seen.iter().find(|(f, _)| *f == field) {
+            return Err(if earlier == key {
+                format!("{prefix}{key}: given twice")
+            } else {
+                format!("{prefix}{key}: given twice (also as {prefix}{earlier})")
+            });
+        }
+        self.seen.push((field, key.to_owned()));
+        Ok(format!("{prefix}{key}"))
+    }
+
+    /// The message for the required key, once the map has ended without it.
+    fn missing(&self) -> Option<String> {
+        let (key, message) = self.shape.required?;
+        let given = self.seen.iter().any(|(f, _)| *f == field_of(key));
+        (!given).then(|| format!("{}{message}", self.prefix))
+    }
+
+    /// The message for a key that is not accepted: the accepted keys, one spelling per
+    /// field (the camelCase one with its `Ms`, as the TypeScript framework writes it),
+    /// and the spelling that differs from `key` only in case or `_`, if one does.
+    fn unknown(&self, key: &str) -> String {
+        let mut listed: Vec<(String, &str)> = Vec::new();
+        for &spelling in self.fields {
+            let field = field_of(spelling);
+            match listed.iter_mut().find(|(f, _)| *f == field) {
+                Some((_, main)) => {
+                    if !spelling.contains('_')
+                        && (main.contains('_') || spelling.len() > main.len())
+                    {
+                        *main = spelling;
+                    }
+                }
+                None => listed.push((field, spelling)),
+            }
+        }
+        let listed: Vec<&str> = listed.into_iter().map(|(_, main)| main).collect();
+        let snake = (self.fields.iter().find(|f| f.ends_with("_ms")))
+            .or_else(|| self.fields.iter().find(|f| f.contains('_')))
+            .map(|s| format!("; snake_case spellings such as {s} are accepted too"))
+            .unwrap_or_default();
+        let hint = (self.fields.iter().find(|f| fold(f) == fold(key)))
+            .map(|s| format!("; did you mean \"{s}\"?"))
+            .unwrap_or_default();
+        format!(
+            "unknown key {} in {} (expected one of: {}{snake}){hint}",
+            super::value::quote(key),
+            self.context,
+            listed.join(", ")
+        )
+    }
+}
+
+/// A key with case, `_` and `-` ignored.
+fn fold(key: &str) -> String {
+    key.chars()
+        .filter(|c| *c != '_' && *c != '-')
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+/// The field an accepted spelling sets. The spellings of one field differ only in case,
+/// `_` and a trailing `Ms` (`turnWaitMs`, `turn_wait_ms`, `turnWait`, `turn_wait`).
+fn field_of(spelling: &str) -> String {
+    let folded = fold(spelling);
+    folded
+        .strip_suffix("ms")
+        .map_or(folded.clone(), str::to_owned)
+}
+
+struct StrictVisitor<V> {
+    visitor: V,
+    keys: Keys,
+}
+
+impl<V> StrictVisitor<V> {
+    fn refuse<T, E: de::Error>(self, raw: Raw) -> Result<T, E> {
+        let shape = self.keys.shape;
+        let message = wrong_kind(&self.keys.context, &raw, shape.expected, shape.hide);
+        Err(E::custom(message))
+    }
+}
+
+impl<'de, V: Visitor<'de>> Visitor<'de> for StrictVisitor<V> {
+    type Value = V::Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.keys.shape.expected)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<V::Value, A::Error> {
+        self.visitor.visit_map(StrictMap {
+            map,
+            keys: self.keys,
+            current: String::new(),
+        })
+    }
+
+    visit_all_but_maps!('de, refuse);
+}
+
+struct StrictMap<A> {
+    map: A,
+    keys: Keys,
+    /// The full name of the key whose value comes next.
+    current: String,
+}
+
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for StrictMap<A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, A::Error> {
+        let Some(key) = self.map.next_key::<String>()? else {
+            return self
+                .keys
+                .missing()
+                .map_or(Ok(None), |m| Err(de::Error::custom(m)));
+        };
+        self.current = self.keys.admit(&key).map_err(de::Error::custom)?;
+        seed.deserialize(StringDeserializer::new(key)).map(Some)
+    }
+
+    fn next_value_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<S::Value, A::Error> {
+        let map = &mut self.map;
+        within(std::mem::take(&mut self.current), || {
+            map.next_value_seed(seed)
+        })
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        self.map.size_hint()
+    }
+}
