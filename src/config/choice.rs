@@ -6,7 +6,7 @@ use std::str::FromStr;
 
 use serde::de::{Deserialize, Deserializer};
 
-use super::value::{self, Raw, quote, wrong_kind};
+use super::value::{self, Raw, Scalar, quote};
 use super::{ConfigError, FallbackPolicy, FlowsPolicy, ProviderSession, strict};
 
 /// Reads one of `choices`; the message names no field. A name that differs only in
@@ -60,10 +60,10 @@ macro_rules! choice {
             /// when the value is read on its own.
             fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
                 let name = strict::name_or($field);
-                value::scalar(deserializer, |raw| match raw {
+                value::read(deserializer, Scalar($expected, |raw| match raw {
                     Raw::Str(s) => s.parse().map_err(|e: ConfigError| format!("{name}: {}", e.message())),
-                    raw => Err(wrong_kind(&name, &raw, $expected, false)),
-                })
+                    raw => Err(raw.wrong(&name, $expected, false)),
+                }))
             }
         }
     };

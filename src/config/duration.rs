@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::de::{Deserialize, Deserializer};
 
-use super::value::{self, Raw, wrong_kind};
+use super::value::{self, Raw, Scalar};
 use super::{ConfigError, MemoryOptions, strict};
 
 /// The largest duration of any setting, in milliseconds: 2^31 − 1, the largest the
@@ -95,7 +95,7 @@ impl<B> Default for FileDuration<B> {
 impl<'de, B: Bound> Deserialize<'de> for FileDuration<B> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let name = strict::name_or("duration");
-        let d = value::scalar(deserializer, |raw| parse::<B>(&name, raw))?;
+        let d = value::read(deserializer, Scalar(EXPECTED, |raw| parse::<B>(&name, raw)))?;
         Ok(FileDuration(Some(d), PhantomData))
     }
 }
@@ -119,7 +119,7 @@ fn parse<B: Bound>(name: &str, raw: Raw) -> Result<Duration, String> {
         Raw::Float(v) if *v > MAX_MILLIS as f64 => Duration::MAX,
         // Whole, finite and within 0..=MAX_MILLIS, so the conversion is exact.
         Raw::Float(v) => Duration::from_millis(*v as u64),
-        Raw::Other(..) => return Err(wrong_kind(name, &raw, EXPECTED, false)),
+        Raw::Other(..) => return Err(raw.wrong(name, EXPECTED, false)),
     };
     check::<B>(name, &written, d)
 }

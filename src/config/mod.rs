@@ -66,6 +66,8 @@ use std::time::Duration;
 mod choice;
 mod duration;
 mod file;
+#[cfg(feature = "redis")]
+mod redis;
 mod strict;
 mod value;
 
@@ -86,23 +88,6 @@ use duration::{Any, LeaseTtl, TurnWait};
 /// [`shared`](Self::shared) once and clone its result, or pass an existing coordinator
 /// as [`CoordinatorConfig::Shared`]. Redis replicas coordinate through the server in
 /// any case; `shared()` only saves them connections.
-///
-/// ```
-/// use botmesh::{Bot, CoordinationConfig, CoordinatorConfig};
-///
-/// let config = CoordinationConfig::new(CoordinatorConfig::memory()).shared()?;
-/// // Both bots use the one coordinator `shared()` built: a chat's messages run one at
-/// // a time across them.
-/// for id in ["r1", "r2"] {
-///     let bot = Bot::builder()
-///         .id(id)
-///         .coordination(config.clone())
-///         .handler(|_ctx| Ok(()))
-///         .build()?;
-///     bot.shutdown();
-/// }
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
 #[derive(Debug, Clone)]
 pub struct CoordinationConfig {
     /// The backend shared by the replicas. Required.
@@ -142,31 +127,23 @@ pub enum CoordinatorConfig {
     /// `{"memory": {"leaseTtl": "10s", "dedupWindow": "10m"}}`. **Every bot built from
     /// it creates its own coordinator**; see [`CoordinationConfig::shared`].
     Memory(MemoryOptions),
-    /// A Redis (or Valkey) server shared by replicas in any number of processes,
-    /// reached with these options (see
-    /// [`RedisCoordinator`](crate::redis::RedisCoordinator)). Only with the `redis`
-    /// cargo feature (on by default). In files:
+    /// A Redis (or Valkey) server shared by replicas in any number of processes, reached
+    /// with these options ([`RedisCoordinator`](crate::redis::RedisCoordinator)); only
+    /// with the `redis` cargo feature (on by default). In files
+    /// `{"redis": {"url": "redis://user:pass@host:6379/0", "keyPrefix": "mybot"}}`, with:
     ///
-    /// ```json
-    /// {"redis": {"url": "redis://user:pass@host:6379/0", "keyPrefix": "mybot",
-    ///            "leaseTtl": "10s", "dedupWindow": "10m", "commandTimeout": "2s"}}
-    /// ```
-    ///
-    /// - `url` (required): starts with `redis://`, `rediss://` (TLS, which needs a TLS
-    ///   feature of the `redis` crate), `redis+unix://` or `unix://`. It may hold a
-    ///   password, so no error message and no `Debug` output shows it.
+    /// - `url` (required): `redis://`, `rediss://` (TLS, which needs a TLS feature of the
+    ///   `redis` crate), `redis+unix://` or `unix://`. It may hold a password, so no
+    ///   error message and no `Debug` output shows it.
     /// - `keyPrefix`: prefix of every key and channel, so bots can share a server; not
     ///   empty, no `{` or `}`. Default `botmesh`.
-    /// - `leaseTtlMs`: lease TTL, at least 10 ms. Default 10 s.
-    /// - `dedupWindowMs`: duplicate-suppression window; zero turns it off. Default
-    ///   10 min.
-    /// - `commandTimeoutMs`: connect, read and write timeout of every Redis call, at
-    ///   least 1 ms. Default 2 s.
+    /// - `leaseTtlMs` (at least 10 ms, default 10 s), `dedupWindowMs` (zero turns
+    ///   duplicate suppression off, default 10 min) and `commandTimeoutMs` (connect, read
+    ///   and write timeout of every Redis call, at least 1 ms, default 2 s).
     ///
     /// Loading does not connect; [`build`](Self::build) (and so starting a bot) does.
-    /// botmesh's messages never contain the URL, but a format crate may quote the
-    /// source around an error (`toml::de::Error`'s `Display` shows the line): log its
-    /// `message()` instead when the file holds a password.
+    /// A format crate may quote the source around an error (`toml::de::Error`'s
+    /// `Display` shows the line): log its `message()` when the file holds a password.
     #[cfg(feature = "redis")]
     Redis(crate::redis::RedisOptions),
     /// A coordinator created in code, for example one backend that several replicas in
@@ -410,9 +387,7 @@ impl CoordinatorConfig {
         match self {
             CoordinatorConfig::Memory(options) => options.validate_as("coordinator.memory."),
             #[cfg(feature = "redis")]
-            CoordinatorConfig::Redis(options) => {
-                file::validate_redis(options, "coordinator.redis.")
-            }
+            CoordinatorConfig::Redis(options) => redis::validate(options, "coordinator.redis."),
             CoordinatorConfig::Shared(_) => Ok(()),
         }
     }

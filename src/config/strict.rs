@@ -1,25 +1,23 @@
-//! Strict reading of the config's maps, around serde's derived structs.
+//! Strict reading of the config's maps around serde's derived structs.
 //!
-//! The derive accepts the spellings (`rename_all`, `alias`) and builds the struct, but
-//! its errors ("unknown field `x`", "duplicate field `turnWaitMs`") name neither the
-//! map nor the spelling the user wrote, and a field's own `Deserialize` is never told
-//! the key it was read under. [`read`] hands the derived struct a map that checks each
-//! key first (unknown, given twice under two spellings, required and missing), and
-//! records the key as written, with its path (`coordinator.memory.leaseTtl`), as the
-//! setting being read ([`name_or`]), so that a value's error names it and is still
-//! raised at the value (where the format adds its line and column).
+//! The derive takes the spellings (`rename_all`, `alias`) and builds the struct, but its
+//! errors ("unknown field `x`", "duplicate field `turnWaitMs`") name neither the map nor
+//! the spelling the user wrote, and a field's `Deserialize` is never told the key it is
+//! read under. [`read`] hands the derived struct a map that checks each key first
+//! (unknown, given twice under two spellings, required), and records the key as
+//! written, with its path (`coordinator.memory.leaseTtl`), as the setting being read
+//! ([`name_or`]), for the value's messages.
 
 use std::cell::RefCell;
-use std::fmt;
 
 use serde::de::value::StringDeserializer;
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, Visitor};
 
-use super::value::{Raw, render_seq, visit_all_but_maps, wrong_kind};
+use super::value::{self, Raw, quote};
 
 thread_local! {
-    /// The setting being read on this thread. serde gives a `Deserialize` no context,
-    /// and reading is synchronous, so the thread carries it.
+    /// The setting being read on this thread: serde passes a `Deserialize` no context,
+    /// and reading is synchronous.
     static SETTING: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
@@ -56,13 +54,10 @@ pub(super) struct Shape {
 
 /// Reads the derived struct `T` from a map shaped as `shape` says.
 pub(super) fn read<'de, T: Deserialize<'de>, D: Deserializer<'de>>(
-    deserializer: D,
+    inner: D,
     shape: &'static Shape,
 ) -> Result<T, D::Error> {
-    T::deserialize(Strict {
-        inner: deserializer,
-        shape,
-    })
+    T::deserialize(Strict { inner, shape })
 }
 
 struct Strict<D> {
@@ -76,7 +71,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Strict<D> {
     /// `fields` holds every spelling the derive accepts, aliases included.
     fn deserialize_struct<V: Visitor<'de>>(
         self,
-        _name: &'static str,
+        _: &'static str,
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, D::Error> {
@@ -88,7 +83,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Strict<D> {
             prefix: path.map(|p| p + ".").unwrap_or_default(),
             seen: Vec::new(),
         };
-        self.inner.deserialize_any(StrictVisitor { visitor, keys })
+        value::read(self.inner, Struct { visitor, keys })
     }
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
@@ -102,6 +97,30 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Strict<D> {
     }
 }
 
+/// The derive's visitor, and the keys of the map it is about to read.
+struct Struct<V> {
+    visitor: V,
+    keys: Keys,
+}
+
+impl<'de, V: Visitor<'de>> value::Read<'de> for Struct<V> {
+    type Value = V::Value;
+
+    fn expected(&self) -> &str {
+        self.keys.shape.expected
+    }
+
+    fn other(self, raw: Raw) -> Result<V::Value, String> {
+        let Shape { expected, hide, .. } = *self.keys.shape;
+        Err(raw.wrong(&self.keys.context, expected, hide))
+    }
+
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<V::Value, A::Error> {
+        let (keys, current) = (self.keys, String::new());
+        self.visitor.visit_map(StrictMap { map, keys, current })
+    }
+}
+
 /// One map's keys: which are accepted, and which were given.
 struct Keys {
     fields: &'static [&'static str],
@@ -110,7 +129,7 @@ struct Keys {
     context: String,
     /// Goes before each key in messages (`coordinator.memory.`).
     prefix: String,
-    /// The field (see [`field_of`]) and spelling of every key given so far.
+    /// The field (see [`field_of`]) and the spelling of each key given so far.
     seen: Vec<(String, String)>,
 }
 
@@ -120,14 +139,14 @@ impl Keys {
         if !self.fields.contains(&key) {
             return Err(self.unknown(key));
         }
-        let field = field_of(key);
-        let prefix = &self.prefix;
+        let (field, prefix) = (field_of(key), &self.prefix);
         if let Some((_, earlier)) = self.seen.iter().find(|(f, _)| *f == field) {
-            return Err(if earlier == key {
-                format!("{prefix}{key}: given twice")
+            let also = if earlier == key {
+                String::new()
             } else {
-                format!("{prefix}{key}: given twice (also as {prefix}{earlier})")
-            });
+                format!(" (also as {prefix}{earlier})")
+            };
+            return Err(format!("{prefix}{key}: given twice{also}"));
         }
         self.seen.push((field, key.to_owned()));
         Ok(format!("{prefix}{key}"))
@@ -140,87 +159,49 @@ impl Keys {
         (!given).then(|| format!("{}{message}", self.prefix))
     }
 
-    /// The message for a key that is not accepted: the accepted keys, one spelling per
-    /// field (the camelCase one with its `Ms`, as the TypeScript framework writes it),
-    /// and the spelling that differs from `key` only in case or `_`, if one does.
+    /// The message for a key that is not accepted. It lists one spelling per field, the
+    /// camelCase one with its `Ms` as the TypeScript framework writes it, and suggests
+    /// the spelling that differs from `key` only in case or `_`, if one does.
     fn unknown(&self, key: &str) -> String {
-        let mut listed: Vec<(String, &str)> = Vec::new();
-        for &spelling in self.fields {
-            let field = field_of(spelling);
-            match listed.iter_mut().find(|(f, _)| *f == field) {
-                Some((_, main)) => {
-                    if !spelling.contains('_')
-                        && (main.contains('_') || spelling.len() > main.len())
-                    {
-                        *main = spelling;
-                    }
-                }
-                None => listed.push((field, spelling)),
+        let mut listed: Vec<&str> = Vec::new();
+        for &spelling in self.fields.iter().filter(|s| !s.contains('_')) {
+            match listed
+                .iter_mut()
+                .find(|m| field_of(m) == field_of(spelling))
+            {
+                Some(main) if spelling.len() > main.len() => *main = spelling,
+                Some(_) => {}
+                None => listed.push(spelling),
             }
         }
-        let listed: Vec<&str> = listed.into_iter().map(|(_, main)| main).collect();
-        let snake = (self.fields.iter().find(|f| f.ends_with("_ms")))
-            .or_else(|| self.fields.iter().find(|f| f.contains('_')))
-            .map(|s| format!("; snake_case spellings such as {s} are accepted too"))
-            .unwrap_or_default();
-        let hint = (self.fields.iter().find(|f| fold(f) == fold(key)))
-            .map(|s| format!("; did you mean \"{s}\"?"))
-            .unwrap_or_default();
+        let find = |f: &dyn Fn(&str) -> bool| self.fields.iter().find(|s| f(s));
+        let snake = find(&|s| s.ends_with("_ms")).or_else(|| find(&|s| s.contains('_')));
+        let snake = snake.map(|s| format!("; snake_case spellings such as {s} are accepted too"));
+        let hint = find(&|s| fold(s) == fold(key)).map(|s| format!("; did you mean \"{s}\"?"));
         format!(
-            "unknown key {} in {} (expected one of: {}{snake}){hint}",
-            super::value::quote(key),
+            "unknown key {} in {} (expected one of: {}{}){}",
+            quote(key),
             self.context,
-            listed.join(", ")
+            listed.join(", "),
+            snake.unwrap_or_default(),
+            hint.unwrap_or_default()
         )
     }
 }
 
 /// A key with case, `_` and `-` ignored.
 fn fold(key: &str) -> String {
-    key.chars()
-        .filter(|c| *c != '_' && *c != '-')
-        .flat_map(char::to_lowercase)
-        .collect()
+    let kept = key.chars().filter(|c| *c != '_' && *c != '-');
+    kept.flat_map(char::to_lowercase).collect()
 }
 
-/// The field an accepted spelling sets. The spellings of one field differ only in case,
+/// The field an accepted spelling sets: the spellings of one field differ only in case,
 /// `_` and a trailing `Ms` (`turnWaitMs`, `turn_wait_ms`, `turnWait`, `turn_wait`).
 fn field_of(spelling: &str) -> String {
     let folded = fold(spelling);
     folded
         .strip_suffix("ms")
         .map_or(folded.clone(), str::to_owned)
-}
-
-struct StrictVisitor<V> {
-    visitor: V,
-    keys: Keys,
-}
-
-impl<V> StrictVisitor<V> {
-    fn refuse<T, E: de::Error>(self, raw: Raw) -> Result<T, E> {
-        let shape = self.keys.shape;
-        let message = wrong_kind(&self.keys.context, &raw, shape.expected, shape.hide);
-        Err(E::custom(message))
-    }
-}
-
-impl<'de, V: Visitor<'de>> Visitor<'de> for StrictVisitor<V> {
-    type Value = V::Value;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.keys.shape.expected)
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<V::Value, A::Error> {
-        self.visitor.visit_map(StrictMap {
-            map,
-            keys: self.keys,
-            current: String::new(),
-        })
-    }
-
-    visit_all_but_maps!('de, refuse);
 }
 
 struct StrictMap<A> {

@@ -1,13 +1,16 @@
-//! A setting's value as the input wrote it, and how messages show it.
+//! Values as the input wrote them, and how messages show them.
 //!
 //! serde's own type errors ("invalid type: boolean `true`, expected ...") name neither
-//! the field nor, for maps and arrays, the value. Reading every scalar setting into a
-//! [`Raw`] first lets each setting refuse a value of the wrong kind in one sentence of
-//! its own.
+//! the field nor, for arrays and maps, the value. Every setting reads through [`read`]
+//! instead, which hands it any value but a map as a [`Raw`], so that it can refuse a
+//! value of the wrong kind in one sentence of its own. The refusal is raised inside the
+//! format's reading of the value, where the format adds the value's line and column.
 
 use std::fmt;
 
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::Value;
 
 /// One value as written, before its setting checks it.
 pub(super) enum Raw {
@@ -16,131 +19,172 @@ pub(super) enum Raw {
     Whole(u64),
     Negative(i64),
     Float(f64),
-    /// Any kind no scalar setting accepts: the value as shown, and what it is
-    /// (`"is a boolean"`).
+    /// A kind no scalar setting takes: the value as shown, and what it is.
     Other(String, &'static str),
 }
 
 impl Raw {
-    /// The value as messages show it, and its kind as a phrase (`"is a string"`).
+    /// The value as messages show it, and its kind (`"is a string"`).
     pub(super) fn shown(&self) -> (String, &'static str) {
         match self {
             Raw::Str(s) => (quote(s), "is a string"),
             Raw::Whole(n) => (n.to_string(), "is a number"),
             Raw::Negative(n) => (n.to_string(), "is a number"),
-            Raw::Float(v) => (show_f64(*v), "is a number"),
+            Raw::Float(v) if *v != 0.0 && !(1e-6..1e16).contains(&v.abs()) => {
+                (format!("{v:e}"), "is a number")
+            }
+            Raw::Float(v) => (v.to_string(), "is a number"),
             Raw::Other(shown, kind) => (shown.clone(), kind),
         }
     }
 
-    pub(super) fn int(v: i64) -> Raw {
+    /// The message for a value of the wrong kind. With `hide` the value is not shown:
+    /// it may be a URL that holds a password.
+    pub(super) fn wrong(&self, name: &str, expected: &str, hide: bool) -> String {
+        let (shown, kind) = self.shown();
+        if hide && shown != "null" {
+            format!(
+                "{name}: the value {kind} (its text is not shown, as it may hold a password); \
+                 expected {expected}"
+            )
+        } else {
+            format!("{name}: {shown} {kind}; expected {expected}")
+        }
+    }
+
+    fn int(v: i64) -> Raw {
         u64::try_from(v).map_or(Raw::Negative(v), Raw::Whole)
     }
 }
 
-/// The message for a value of the wrong kind: `name: value kind; expected ...`. With
-/// `hide` the value is not shown (it may be a URL holding a password).
-pub(super) fn wrong_kind(name: &str, raw: &Raw, expected: &str, hide: bool) -> String {
-    let (shown, kind) = raw.shown();
-    if hide && shown != "null" {
-        format!(
-            "{name}: the value {kind} (its text is not shown, as it may hold a password); \
-             expected {expected}"
-        )
-    } else {
-        format!("{name}: {shown} {kind}; expected {expected}")
+/// How one setting reads its value.
+pub(super) trait Read<'de>: Sized {
+    type Value;
+
+    /// What the setting takes, for the format's own messages.
+    fn expected(&self) -> &str;
+
+    /// Reads any value but a map, or says why it is refused.
+    fn other(self, raw: Raw) -> Result<Self::Value, String>;
+
+    /// Reads a map; by default refused like any other kind.
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        let shown = match Value::deserialize(MapAccessDeserializer::new(map)) {
+            Ok(Value::Object(map)) => match map.get(TOML_DATETIME_KEY) {
+                // The `toml` crate passes a date-time through serde as this one-key map.
+                Some(Value::String(datetime)) if map.len() == 1 => {
+                    Raw::Other(datetime.clone(), "is a date-time")
+                }
+                _ => Raw::Other(shorten(Value::Object(map).to_string()), "is a map"),
+            },
+            _ => Raw::Other("{…}".to_owned(), "is a map"),
+        };
+        self.other(shown).map_err(de::Error::custom)
     }
 }
 
-/// The `Visitor` methods for every kind of value but a map: each hands the value, as a
-/// [`Raw`], to `self.$then`, which keeps or refuses it. Shared by the visitors that
-/// want a scalar and those that want a map, so that both describe a stray value alike.
-/// The caller has `Raw` and `render_seq` in scope.
-macro_rules! visit_all_but_maps {
-    ($de:lifetime, $then:ident) => {
-        fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Self::Value, E> {
-            self.$then(Raw::Other(v.to_string(), "is a boolean"))
-        }
-        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
-            self.$then(Raw::int(v))
-        }
-        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
-            self.$then(Raw::Whole(v))
-        }
-        // Beyond 64 bits a value is far out of range either way; the float path says so.
-        fn visit_i128<E: serde::de::Error>(self, v: i128) -> Result<Self::Value, E> {
-            self.$then(i64::try_from(v).map_or(Raw::Float(v as f64), Raw::int))
-        }
-        fn visit_u128<E: serde::de::Error>(self, v: u128) -> Result<Self::Value, E> {
-            self.$then(u64::try_from(v).map_or(Raw::Float(v as f64), Raw::Whole))
-        }
-        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Self::Value, E> {
-            self.$then(Raw::Float(v))
-        }
-        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
-            self.$then(Raw::Str(v.to_owned()))
-        }
-        fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Self::Value, E> {
-            let shown = format!("<{} bytes>", v.len());
-            self.$then(Raw::Other(shown, "is a byte string"))
-        }
-        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-            self.$then(Raw::Other("null".to_owned(), "is not accepted"))
-        }
-        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-            self.visit_unit()
-        }
-        fn visit_some<D: serde::Deserializer<$de>>(self, d: D) -> Result<Self::Value, D::Error> {
-            d.deserialize_any(self)
-        }
-        fn visit_newtype_struct<D: serde::Deserializer<$de>>(
-            self,
-            d: D,
-        ) -> Result<Self::Value, D::Error> {
-            d.deserialize_any(self)
-        }
-        fn visit_seq<A: serde::de::SeqAccess<$de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-            self.$then(Raw::Other(render_seq(seq), "is an array"))
-        }
-    };
-}
-pub(super) use visit_all_but_maps;
+const TOML_DATETIME_KEY: &str = "$__toml_private_datetime";
 
-/// Reads one scalar setting: `check` turns the value as written into the setting's
-/// value, or into the message refusing it. The message is raised inside the format's
-/// own reading of the value, so that it points at the value's line and column.
-pub(super) fn scalar<'de, D, T, F>(deserializer: D, check: F) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    F: FnOnce(Raw) -> Result<T, String>,
-{
-    deserializer.deserialize_any(Scalar(check))
+/// Reads a value with `reader`.
+pub(super) fn read<'de, D: Deserializer<'de>, R: Read<'de>>(
+    deserializer: D,
+    reader: R,
+) -> Result<R::Value, D::Error> {
+    deserializer.deserialize_any(Visit(reader))
 }
 
-struct Scalar<F>(F);
+/// A [`Read`] for a scalar setting: `expected`, and the check of the value as written.
+pub(super) struct Scalar<F>(pub(super) &'static str, pub(super) F);
 
-impl<F> Scalar<F> {
-    fn then<T, E: de::Error>(self, raw: Raw) -> Result<T, E>
-    where
-        F: FnOnce(Raw) -> Result<T, String>,
-    {
-        (self.0)(raw).map_err(E::custom)
-    }
-}
-
-impl<'de, T, F: FnOnce(Raw) -> Result<T, String>> Visitor<'de> for Scalar<F> {
+impl<'de, T, F: FnOnce(Raw) -> Result<T, String>> Read<'de> for Scalar<F> {
     type Value = T;
 
+    fn expected(&self) -> &str {
+        self.0
+    }
+
+    fn other(self, raw: Raw) -> Result<T, String> {
+        (self.1)(raw)
+    }
+}
+
+struct Visit<R>(R);
+
+impl<R> Visit<R> {
+    fn other<'de, E: de::Error>(self, raw: Raw) -> Result<R::Value, E>
+    where
+        R: Read<'de>,
+    {
+        self.0.other(raw).map_err(E::custom)
+    }
+}
+
+impl<'de, R: Read<'de>> Visitor<'de> for Visit<R> {
+    type Value = R::Value;
+
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a string or a number")
+        f.write_str(self.0.expected())
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
-        let (shown, kind) = render_map(map);
-        self.then(Raw::Other(shown, kind))
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<R::Value, A::Error> {
+        self.0.map(map)
     }
 
-    visit_all_but_maps!('de, then);
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<R::Value, A::Error> {
+        let shown = Value::deserialize(SeqAccessDeserializer::new(seq))
+            .map_or_else(|_| "[…]".to_owned(), |v| shorten(v.to_string()));
+        self.other(Raw::Other(shown, "is an array"))
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<R::Value, E> {
+        self.other(Raw::Other(v.to_string(), "is a boolean"))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<R::Value, E> {
+        self.other(Raw::int(v))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<R::Value, E> {
+        self.other(Raw::Whole(v))
+    }
+
+    // Beyond 64 bits a value is far out of range either way; the float path says so.
+    fn visit_i128<E: de::Error>(self, v: i128) -> Result<R::Value, E> {
+        self.other(i64::try_from(v).map_or(Raw::Float(v as f64), Raw::int))
+    }
+
+    fn visit_u128<E: de::Error>(self, v: u128) -> Result<R::Value, E> {
+        self.other(u64::try_from(v).map_or(Raw::Float(v as f64), Raw::Whole))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<R::Value, E> {
+        self.other(Raw::Float(v))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<R::Value, E> {
+        self.other(Raw::Str(v.to_owned()))
+    }
+
+    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<R::Value, E> {
+        let shown = format!("<{} bytes>", v.len());
+        self.other(Raw::Other(shown, "is a byte string"))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<R::Value, E> {
+        self.other(Raw::Other("null".to_owned(), "is not accepted"))
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<R::Value, E> {
+        self.visit_unit()
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<R::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+
+    fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<R::Value, D::Error> {
+        d.deserialize_any(self)
+    }
 }
 
 /// A string as messages show it: quoted, and cut short when long.
@@ -154,57 +198,5 @@ fn shorten(s: String) -> String {
     if s.chars().count() <= LIMIT {
         return s;
     }
-    let mut short: String = s.chars().take(LIMIT - 1).collect();
-    short.push('…');
-    short
-}
-
-/// A float as messages show it: plain unless very large or very small.
-fn show_f64(v: f64) -> String {
-    if v != 0.0 && !(1e-6..1e16).contains(&v.abs()) {
-        format!("{v:e}")
-    } else {
-        format!("{v}")
-    }
-}
-
-pub(super) fn render_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> String {
-    let mut items = Vec::new();
-    loop {
-        match seq.next_element::<serde_json::Value>() {
-            Ok(Some(item)) => items.push(item),
-            Ok(None) => break,
-            Err(_) => return "[…]".to_owned(),
-        }
-    }
-    shorten(serde_json::Value::Array(items).to_string())
-}
-
-/// The key under which the `toml` crate passes a date-time through serde.
-const TOML_DATETIME_KEY: &str = "$__toml_private_datetime";
-
-/// A map as messages show it, telling a TOML date-time (which serde sees as a map)
-/// apart.
-fn render_map<'de, A: MapAccess<'de>>(mut map: A) -> (String, &'static str) {
-    let mut entries = serde_json::Map::new();
-    loop {
-        let key = match map.next_key::<String>() {
-            Ok(Some(key)) => key,
-            Ok(None) => break,
-            Err(_) => return ("{…}".to_owned(), "is a map"),
-        };
-        if key == TOML_DATETIME_KEY && entries.is_empty() {
-            let shown = map.next_value::<String>();
-            return (
-                shown.unwrap_or_else(|_| "<date-time>".to_owned()),
-                "is a date-time",
-            );
-        }
-        match map.next_value::<serde_json::Value>() {
-            Ok(value) => entries.insert(key, value),
-            Err(_) => return ("{…}".to_owned(), "is a map"),
-        };
-    }
-    let shown = shorten(serde_json::Value::Object(entries).to_string());
-    (shown, "is a map")
+    s.chars().take(LIMIT - 1).chain(['…']).collect()
 }
