@@ -15,11 +15,11 @@ fn parse<T: Copy>(s: &str, choices: &[(&str, T)], what: &str, expected: &str) ->
     if let Some((_, value)) = choices.iter().find(|(name, _)| *name == s) {
         return Ok(*value);
     }
-    let hint = (choices
+    let hint = choices
         .iter()
-        .find(|(name, _)| name.eq_ignore_ascii_case(s.trim())))
-    .map(|(name, _)| format!("; did you mean \"{name}\"?"))
-    .unwrap_or_default();
+        .find(|(name, _)| name.eq_ignore_ascii_case(s.trim()))
+        .map(|(name, _)| format!("; did you mean \"{name}\"?"))
+        .unwrap_or_default();
     Err(format!(
         "unknown {what} {} (expected {expected}){hint}",
         quote(s)
@@ -60,10 +60,11 @@ macro_rules! choice {
             /// when the value is read on its own.
             fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
                 let name = strict::name_or($field);
-                value::read(deserializer, Scalar($expected, |raw| match raw {
+                let read = |raw| match raw {
                     Raw::Str(s) => s.parse().map_err(|e: ConfigError| format!("{name}: {}", e.message())),
-                    raw => Err(raw.wrong(&name, $expected, false)),
-                }))
+                    raw => Err(Raw::wrong(&raw, &name, $expected, false)),
+                };
+                value::read(deserializer, Scalar($expected, read))
             }
         }
     };
