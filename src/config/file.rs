@@ -12,6 +12,8 @@ use super::{
     MemoryOptions, ProviderSession,
 };
 
+// The file structs are read through `strict::read`, which needs `deny_unknown_fields`.
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct FileConfig {

@@ -10,7 +10,7 @@
 
 use std::cell::RefCell;
 
-use serde::de::value::StringDeserializer;
+use serde::de::value::StrDeserializer;
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, Visitor};
 
 use super::value::{self, Raw, quote};
@@ -52,7 +52,8 @@ pub(super) struct Shape {
     pub(super) required: Option<(&'static str, &'static str)>,
 }
 
-/// Reads the derived struct `T` from a map shaped as `shape` says.
+/// Reads `T`, a struct deriving `Deserialize` with `deny_unknown_fields` (which is how
+/// an unknown key is told apart), from a map shaped as `shape` says.
 pub(super) fn read<'de, T: Deserialize<'de>, D: Deserializer<'de>>(
     inner: D,
     shape: &'static Shape,
@@ -68,7 +69,7 @@ struct Strict<D> {
 impl<'de, D: Deserializer<'de>> Deserializer<'de> for Strict<D> {
     type Error = D::Error;
 
-    /// `fields` holds every spelling the derive accepts, aliases included.
+    /// `fields` names the derive's fields, for the message about an unknown key.
     fn deserialize_struct<V: Visitor<'de>>(
         self,
         _: &'static str,
@@ -134,11 +135,9 @@ struct Keys {
 }
 
 impl Keys {
-    /// Accepts `key`, or says why not; gives the key's full name.
+    /// Accepts `key`, which the derive took, unless its field was given already; gives
+    /// the key's full name.
     fn admit(&mut self, key: &str) -> Result<String, String> {
-        if !self.fields.contains(&key) {
-            return Err(self.unknown(key));
-        }
         let (field, prefix) = (field_of(key), &self.prefix);
         if let Some((_, earlier)) = self.seen.iter().find(|(f, _)| *f == field) {
             let also = if earlier == key {
@@ -224,8 +223,14 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for StrictMap<A> {
                 .missing()
                 .map_or(Ok(None), |m| Err(de::Error::custom(m)));
         };
+        // The derive's own identifier decides which spellings it takes: with
+        // `deny_unknown_fields` it refuses every other key. (Whether `fields` lists the
+        // aliases too depends on the version of serde_derive.)
+        let Ok(field) = seed.deserialize(StrDeserializer::<A::Error>::new(&key)) else {
+            return Err(de::Error::custom(self.keys.unknown(&key)));
+        };
         self.current = self.keys.admit(&key).map_err(de::Error::custom)?;
-        seed.deserialize(StringDeserializer::new(key)).map(Some)
+        Ok(Some(field))
     }
 
     fn next_value_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<S::Value, A::Error> {
