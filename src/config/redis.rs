@@ -1,0 +1,130 @@
+//! The Redis coordinator's options in files, and the checks of a URL and key prefix
+//! (also for options set in code).
+
+use serde::{Deserialize, Deserializer};
+
+use super::ConfigError;
+use super::duration::{Any, CommandTimeout, FileDuration, LeaseTtl, check_set};
+use super::strict::{self, Shape};
+use super::value::{self, Raw, Scalar};
+use crate::redis::RedisOptions;
+
+/// Not `Debug`: it holds the URL, which may hold a password.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FileRedis {
+    #[serde(deserialize_with = "url")]
+    url: String,
+    #[serde(default, alias = "key_prefix", deserialize_with = "key_prefix")]
+    key_prefix: Option<String>,
+    #[serde(default, alias = "lease_ttl_ms", alias = "leaseTtl")]
+    #[serde(alias = "lease_ttl")]
+    lease_ttl_ms: FileDuration<LeaseTtl>,
+    #[serde(default, alias = "dedup_window_ms", alias = "dedupWindow")]
+    #[serde(alias = "dedup_window")]
+    dedup_window_ms: FileDuration<Any>,
+    #[serde(default, alias = "command_timeout_ms", alias = "commandTimeout")]
+    #[serde(alias = "command_timeout")]
+    command_timeout_ms: FileDuration<CommandTimeout>,
+}
+
+const REDIS: Shape = Shape {
+    alone: "Redis coordinator options",
+    expected: r#"a map of Redis coordinator options, such as {"url": "redis://host:6379"}"#,
+    hide: true,
+    required: Some((
+        "url",
+        r#"url: missing; give the Redis server's address, for example "url": "redis://127.0.0.1:6379""#,
+    )),
+};
+
+impl<'de> Deserialize<'de> for RedisOptions {
+    /// Reads an options map such as `{"url": "redis://host:6379", "keyPrefix":
+    /// "mybot"}` (keys as for `CoordinatorConfig::Redis`); `url` is required, the
+    /// other options take their defaults. Errors name the field and never show the
+    /// URL.
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let file: FileRedis = strict::read(deserializer, &REDIS)?;
+        let mut options = RedisOptions::new(file.url);
+        options.key_prefix = file.key_prefix.unwrap_or(options.key_prefix);
+        options.lease_ttl = file.lease_ttl_ms.or(options.lease_ttl);
+        options.dedup_window = file.dedup_window_ms.or(options.dedup_window);
+        options.command_timeout = file.command_timeout_ms.or(options.command_timeout);
+        Ok(options)
+    }
+}
+
+const URL_EXPECTED: &str = "a Redis URL string such as \"redis://host:6379\" \
+     (schemes redis://, rediss://, redis+unix:// or unix://)";
+
+fn url<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let name = strict::name_or("url");
+    value::read(
+        d,
+        Scalar(URL_EXPECTED, |raw| match raw {
+            Raw::Str(url) => check_url(&name, &url).map(|()| url),
+            raw => Err(raw.wrong(&name, URL_EXPECTED, true)),
+        }),
+    )
+}
+
+fn key_prefix<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let name = strict::name_or("keyPrefix");
+    let expected = r#"a non-empty string without '{' or '}', such as "mybot""#;
+    value::read(
+        d,
+        Scalar(expected, |raw| match raw {
+            Raw::Str(prefix) => check_key_prefix(&name, &prefix).map(|()| Some(prefix)),
+            raw => Err(raw.wrong(&name, expected, false)),
+        }),
+    )
+}
+
+/// Checks a Redis URL's scheme (without regard to case). The message names the
+/// field but never shows the URL.
+fn check_url(name: &str, url: &str) -> Result<(), String> {
+    if url.trim().is_empty() {
+        return Err(format!("{name}: the URL is empty; expected {URL_EXPECTED}"));
+    }
+    let schemes = ["redis://", "rediss://", "redis+unix://", "unix://"];
+    let known = schemes.iter().any(|scheme| {
+        url.len() > scheme.len()
+            && url
+                .get(..scheme.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(scheme))
+    });
+    if known {
+        return Ok(());
+    }
+    Err(format!(
+        "{name}: not a Redis URL (expected redis://host:port, rediss://host:port, \
+         redis+unix:///path or unix:///path; the value is not shown, as it may hold \
+         a password)"
+    ))
+}
+
+/// Checks a Redis key prefix. Braces would change the Redis Cluster hash slot of a
+/// chat's keys.
+fn check_key_prefix(name: &str, prefix: &str) -> Result<(), String> {
+    if prefix.is_empty() {
+        return Err(format!(
+            "{name}: \"\" is empty; give a prefix such as \"mybot\" (the default is \"botmesh\")"
+        ));
+    }
+    if prefix.contains(['{', '}']) {
+        return Err(format!(
+            "{name}: {prefix:?} contains a brace; '{{' and '}}' are not allowed because \
+             they would change the Redis Cluster hash slot of a chat's keys"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks Redis options set in code; `prefix` goes before each field name.
+pub(super) fn validate(o: &RedisOptions, prefix: &str) -> Result<(), ConfigError> {
+    check_url(&format!("{prefix}url"), &o.url).map_err(ConfigError::new)?;
+    check_key_prefix(&format!("{prefix}keyPrefix"), &o.key_prefix).map_err(ConfigError::new)?;
+    check_set::<LeaseTtl>(&format!("{prefix}leaseTtlMs"), o.lease_ttl)?;
+    check_set::<Any>(&format!("{prefix}dedupWindowMs"), o.dedup_window)?;
+    check_set::<CommandTimeout>(&format!("{prefix}commandTimeoutMs"), o.command_timeout)
+}
