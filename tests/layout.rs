@@ -156,10 +156,11 @@ fn root(lib: &str) -> (BTreeSet<String>, BTreeMap<String, String>) {
     }
     let mut names = BTreeMap::new();
     for stmt in lib.split(';') {
-        let Some(at) = stmt.find("pub use ") else {
+        let Some(at) = stmt.find("use ") else {
             continue;
         };
-        let path = &stmt[at + "pub use ".len()..];
+        let path = &stmt[at + "use ".len()..];
+        let path = path.strip_prefix("self::").unwrap_or(path);
         let Some((module, rest)) = path.split_once("::") else {
             continue;
         };
@@ -242,10 +243,17 @@ fn modules_form_layers_without_import_cycles() {
                     }
                 }
             }
+            // A name `mod.rs` re-exports from one of its parts belongs to that part.
+            let (_, reexported) = root(
+                &fs::read_to_string(Path::new("src").join(&module).join("mod.rs"))
+                    .unwrap_or_default(),
+            );
             let edges = folder.entry(file.clone()).or_default();
             for head in local {
                 let target = if siblings.contains(&head) {
                     head
+                } else if let Some(part) = reexported.get(&head).filter(|p| siblings.contains(*p)) {
+                    part.clone()
                 } else {
                     "mod".to_owned()
                 };

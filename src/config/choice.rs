@@ -6,8 +6,10 @@ use std::str::FromStr;
 
 use serde::de::{Deserialize, Deserializer};
 
+use super::error::ConfigError;
+use super::settings::{FallbackPolicy, FlowsPolicy, ProviderSession};
+use super::strict;
 use super::value::{self, Raw, Scalar, quote};
-use super::{ConfigError, FallbackPolicy, FlowsPolicy, ProviderSession, strict};
 
 /// Reads one of `choices`; the message names no field. A name that differs only in
 /// case or surrounding blanks gets a hint, as it is the likeliest slip.

@@ -5,12 +5,16 @@ use std::time::Duration;
 
 use serde::de::{Deserialize, Deserializer};
 
+use super::error::ConfigError;
+use super::strict;
 use super::value::{self, Raw, Scalar};
-use super::{ConfigError, MemoryOptions, strict};
 
 /// The largest duration of any setting, in milliseconds: 2^31 − 1, the largest the
 /// TypeScript framework accepts (the limit of a JavaScript timer).
 pub(super) const MAX_MILLIS: u64 = 2_147_483_647;
+/// The shortest lease TTL accepted: a shorter lease would expire before it could be
+/// renewed.
+pub(super) const MIN_LEASE_TTL: Duration = Duration::from_millis(10);
 const EXPECTED: &str = r#"a duration such as "2m" or a whole number of milliseconds"#;
 
 /// The shortest duration a setting accepts, and why; the longest is [`MAX_MILLIS`] for
@@ -37,7 +41,7 @@ bounds! {
     Any: Duration::ZERO, "";
     /// More than zero.
     TurnWait: Duration::from_nanos(1), "no message could ever get its chat's turn";
-    LeaseTtl: MemoryOptions::MIN_LEASE_TTL,
+    LeaseTtl: MIN_LEASE_TTL,
         "a lease that short would expire before it could be renewed";
     #[cfg(feature = "redis")]
     CommandTimeout: Duration::from_millis(1), "every Redis call would time out at once";

@@ -5,12 +5,12 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess};
 
 use super::duration::{Any, FileDuration, LeaseTtl, TurnWait};
-use super::strict::{self, Shape};
-use super::value::{self, Raw, Read, quote};
-use super::{
+use super::settings::{
     CoordinationConfig, CoordinatorConfig, FallbackPolicy, FlowsPolicy, HandoverConfig,
     MemoryOptions, ProviderSession,
 };
+use super::strict::{self, Shape};
+use super::value::{self, Raw, Read, quote};
 
 // The file structs are read through `strict::read`, which needs `deny_unknown_fields`.
 
@@ -43,7 +43,7 @@ const CONFIG: Shape = Shape {
 };
 
 impl<'de> Deserialize<'de> for CoordinationConfig {
-    /// Reads a coordination config map (see the [module documentation](super)).
+    /// Reads a coordination config map (see [`CoordinationConfig`]).
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let file: FileConfig = strict::read(deserializer, &CONFIG)?;
         let defaults = CoordinationConfig::new(file.coordinator);

@@ -3,8 +3,8 @@
 
 use serde::{Deserialize, Deserializer};
 
-use super::ConfigError;
 use super::duration::{Any, CommandTimeout, FileDuration, LeaseTtl, check_set};
+use super::error::ConfigError;
 use super::strict::{self, Shape};
 use super::value::{self, Raw, Scalar};
 use crate::redis::RedisOptions;
