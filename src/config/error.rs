@@ -3,7 +3,7 @@
 use std::fmt;
 
 /// A configuration that cannot be used: a file that does not load, or a value that
-/// [`CoordinationConfig::validate`] refuses. It displays as `invalid config: `
+/// [`CoordinationConfig::validate`](crate::CoordinationConfig::validate) refuses. It displays as `invalid config: `
 /// followed by one sentence naming the field and the value at fault.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
