@@ -69,8 +69,15 @@ pub enum Enqueued {
     /// The ticket is queued; its grant will be pushed, or found by the re-check in
     /// [`Coordinator::renew`].
     Queued,
-    /// The message id was already claimed within the dedup window; nothing was queued.
+    /// The message id was handled within the dedup window; nothing was queued.
     Duplicate,
+    /// The message id is claimed by a ticket that is still alive and not handled yet
+    /// (queued, or holding the turn); nothing was queued and the claim was left as it
+    /// is. The caller asks again later: the answer turns into `Duplicate` once that
+    /// ticket was handled, or into a grant or a place (taking the claim over) once it
+    /// died unhandled. So a duplicate never swallows a message whose first delivery
+    /// is lost with its replica.
+    InFlight,
 }
 
 /// A held lease, as listed to [`Coordinator::renew`] and [`Coordinator::release`].
@@ -180,10 +187,14 @@ impl std::error::Error for BackendError {}
 ///
 /// 1. [`enqueue`](Coordinator::enqueue) places a ticket at the tail of the chat's queue
 ///    and returns only once it is placed. When the chat is free and nobody waits, the
-///    ticket is granted at once (one call for the uncontended case). A message id seen
-///    for that chat within the dedup window is answered `Duplicate` instead, unless the
-///    ticket that claimed it ended without being handled (its replica died or it timed
-///    out), in which case the new ticket takes over the claim.
+///    ticket is granted at once (one call for the uncontended case). A message id
+///    handled for that chat within the dedup window is answered `Duplicate` instead;
+///    one claimed by a ticket still alive and unhandled is answered `InFlight`; one
+///    whose ticket ended without being handled (its replica died or it timed out) is
+///    taken over by the new ticket. Enqueue is idempotent per ticket: a ticket that is
+///    already queued or holding gets its place or its grant back, nothing is added (a
+///    re-queue after a lost reply, or after the re-check took a ticket for lost, must
+///    not queue it twice).
 /// 2. [`release`](Coordinator::release) ends a holder's turn and hands the turn straight
 ///    to the next live ticket in the queue (no one can barge in between). A grant for
 ///    the calling replica is returned; a grant for another replica is pushed to that

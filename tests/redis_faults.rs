@@ -302,14 +302,15 @@ fn lost_reply_is_retried_idempotently() {
         claim, "2:r",
         "the message id is claimed once, by the ticket"
     );
-    // A second delivery of m2 with a new ticket is a duplicate, not a second claim.
+    // A second delivery of m2 with a new ticket, while the first is queued and alive,
+    // is in flight: not queued, not a second claim.
     let t3 = Ticket {
         replica: me.clone(),
         seq: 3,
     };
     assert_eq!(
         c.enqueue(&request(&t3, "m2")).expect("enqueue"),
-        Enqueued::Duplicate
+        Enqueued::InFlight
     );
     assert_eq!(llen(&server, "botmesh:{chat}:q"), 1);
     let lease = HeldLease {

@@ -24,7 +24,7 @@ use crate::intake::Admit;
 use crate::message::{Message, Outcome};
 use crate::metrics::{Metrics, inc};
 use crate::provider::{Provider, ProviderError};
-use crate::replica::{Accepted, Inner, OnGrant, Turn};
+use crate::replica::{Accepted, Inner, NoTurn, OnGrant, Turn};
 
 /// Work a replacement worker does before it joins the pool.
 type FirstTask = Box<dyn FnOnce(&Shared) + Send>;
@@ -161,7 +161,8 @@ impl Shared {
                 drop(s);
                 me.work_cv.notify_one();
             }
-            Err(e) => me.end(&m, Outcome::Dropped(e)),
+            Err(NoTurn::Failed(e)) => me.end(&m, Outcome::Dropped(e)),
+            Err(NoTurn::Duplicate) => me.end(&m, Outcome::Duplicate),
         });
         let result = self.replica.enqueue(
             &message.chat,
@@ -604,7 +605,9 @@ impl Shared {
                 drop(s);
                 me.work_cv.notify_one();
             }
-            Err(e) => me.end_job(None, Outcome::Dropped(e)),
+            Err(NoTurn::Failed(e)) => me.end_job(None, Outcome::Dropped(e)),
+            // A wake-up has no message id.
+            Err(NoTurn::Duplicate) => me.end_job(None, Outcome::Duplicate),
         });
         if let Err(e) = self.replica.enqueue(&chat, None, self.turn_wait, on_grant) {
             log::warn!(target: "botmesh::conversation", "chat {chat:?}: cannot queue the delayed step: {e}");

@@ -234,22 +234,31 @@ impl Shard {
         pushes: &mut Pushes,
     ) -> Enqueued {
         let now = env.now;
+        if let Some(chat) = self.chats.get(req.chat) {
+            // Idempotent per ticket: a ticket already holding or queued keeps its grant
+            // or its place.
+            if let Some(h) = chat.holder.as_ref().filter(|h| &h.ticket == req.ticket) {
+                return Enqueued::Granted(grant_of(h));
+            }
+            if chat.queue.iter().any(|q| &q.ticket == req.ticket) {
+                return Enqueued::Queued;
+            }
+        }
         if let Some(id) = req.message_id.filter(|_| !env.dedup_window.is_zero()) {
             self.purge_seen(now);
             let key = (req.chat.to_owned(), id.to_owned());
-            let duplicate = match self.seen.get(&key) {
-                None => false,
-                Some(s) if s.expires < now => false,
+            match self.seen.get(&key) {
+                Some(s) if s.expires < now => {}
                 Some(Seen {
                     claimed_by: None, ..
-                }) => true,
+                }) => return Enqueued::Duplicate,
                 Some(Seen {
                     claimed_by: Some(t),
                     ..
-                }) => self.ticket_alive(env, req.chat, t),
-            };
-            if duplicate {
-                return Enqueued::Duplicate;
+                }) if t != req.ticket && self.ticket_alive(env, req.chat, t) => {
+                    return Enqueued::InFlight;
+                }
+                _ => {}
             }
             let expires = now + env.dedup_window;
             self.seen.insert(
@@ -261,10 +270,13 @@ impl Shard {
             );
             self.seen_order.push_back((expires, key));
         }
-        let chat = self
-            .chats
-            .entry(req.chat.to_owned())
-            .or_insert_with(|| ChatState::new(now));
+        let chat = match self.chats.get_mut(req.chat) {
+            Some(chat) => chat,
+            None => self
+                .chats
+                .entry(req.chat.to_owned())
+                .or_insert_with(|| ChatState::new(now)),
+        };
         if chat.is_idle() && chat.idle_until < now {
             // Idle past its history: forget the previous holder, as Redis would.
             chat.previous = None;

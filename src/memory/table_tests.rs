@@ -219,10 +219,11 @@ fn a_grant_to_a_replica_about_to_lapse_ends_with_its_liveness() {
 fn a_duplicate_is_refused_while_its_claim_lives_and_after_it_was_handled() {
     let mut f = Fixture::new();
     let g = granted(f.enqueue("x", &ticket("a", 1), Some("m1")));
-    // The same id through another replica while the first is held: a duplicate.
+    // The same id through another replica while the first is held: in flight (it
+    // may still die unhandled), so nothing is queued and b asks again later.
     assert_eq!(
         f.enqueue("x", &ticket("b", 1), Some("m1")),
-        Enqueued::Duplicate
+        Enqueued::InFlight
     );
     assert_eq!(
         f.release("x", &g, Some("m1")),
@@ -290,4 +291,24 @@ fn checkpoints_are_fenced_by_the_live_lease() {
         f.shard.read_checkpoint(later, "x"),
         Some((g.token, "{}".to_owned()))
     );
+}
+
+#[test]
+fn enqueue_is_idempotent_per_ticket() {
+    let mut f = Fixture::new();
+    let g = granted(f.enqueue("x", &ticket("a", 1), Some("m1")));
+    // Asked again (a re-queue): the same grant, no second token, no duplicate answer.
+    assert_eq!(granted(f.enqueue("x", &ticket("a", 1), Some("m1"))), g);
+    let w = ticket("b", 1);
+    assert_eq!(f.enqueue("x", &w, Some("m2")), Enqueued::Queued);
+    assert_eq!(f.enqueue("x", &w, Some("m2")), Enqueued::Queued);
+    // One copy only: after b's turn the chat is free.
+    let next = match f.release("x", &g, Some("m1")) {
+        Released::Released { next: None } => f.pushed().pop().expect("pushed to b"),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(next.ticket, w);
+    assert_eq!(f.release("x", &next, Some("m2")), Released::Released { next: None });
+    assert!(f.pushed().is_empty(), "no second copy of b's ticket was queued");
+    assert_eq!(f.shard.active_chats(), 0);
 }

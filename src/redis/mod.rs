@@ -508,6 +508,7 @@ impl Coordinator for RedisCoordinator {
             Some("granted") => Ok(Enqueued::Granted(grant_from(&reply)?)),
             Some("queued") => Ok(Enqueued::Queued),
             Some("duplicate") => Ok(Enqueued::Duplicate),
+            Some("inflight") => Ok(Enqueued::InFlight),
             _ => Err(BackendError::new("unexpected enqueue reply from Redis")),
         }
     }

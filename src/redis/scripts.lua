@@ -73,8 +73,11 @@ local function settle(h, q, w, l, chat, ttl, hist, wake, keep)
     local alive = tonumber(redis.call('HGET', w, replica_of(t)))
     now = now or now_us()
     if alive and alive > now then
+      -- The grantee's own liveness bounds its lease, not the caller's TTL: replicas
+      -- may run different TTLs (a rolling deploy), and alive-until was set from the
+      -- grantee's TTL at its last renewal, so the lease never outlives a crashed
+      -- grantee by more than its own TTL, nor lapses before it can renew.
       local lease = math.floor((alive - now) / 1000)
-      if lease > ttl then lease = ttl end
       if lease < 1 then lease = 1 end
       return grant(h, l, chat, t, now, lease, hist, wake, keep)
     end
@@ -89,8 +92,16 @@ local function holder_or_settle(h, q, w, l, chat, t, ttl, hist, wake)
   if g then return {g[1], g[2], g[3], g[4]} end
   return nil
 end
+-- Extends a key's expiry to at least ms, never shortening it: a replica with a short
+-- TTL must not cut the queue of a waiter with a long one. (A key without expiry, just
+-- created, gets one.)
+local function extend(k, ms)
+  if redis.call('PEXPIRE', k, ms, 'GT') == 0 and redis.call('PTTL', k) == -1 then
+    redis.call('PEXPIRE', k, ms)
+  end
+end
 local function touch(q, w, ttl)
-  redis.call('PEXPIRE', q, 3 * ttl)
-  redis.call('PEXPIRE', w, 3 * ttl)
+  extend(q, 3 * ttl)
+  extend(w, 3 * ttl)
 end
 local function never() return false end

@@ -23,11 +23,12 @@ if m then
   local c = redis.call('GET', m)
   if c == '!' then return {'duplicate'} end
   if c and c ~= t then
-    if hv and hv[1] == c then return {'duplicate'} end
+    -- Claimed by a live delivery not handled yet: ask again later (it may die).
+    if hv and hv[1] == c then return {'inflight'} end
     if queued > 0 and redis.call('LPOS', q, c) then
       local wc = tonumber(redis.call('HGET', w, replica_of(c)))
       now = now_us()
-      if wc and wc > now then return {'duplicate'} end
+      if wc and wc > now then return {'inflight'} end
     end
   end
   if c then redis.call('SET', m, t, 'KEEPTTL') else redis.call('SET', m, t, 'PX', ARGV[6]) end

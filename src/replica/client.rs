@@ -17,29 +17,52 @@ use super::waiters::{PlacedWaiter, Waiters};
 use crate::clock::Clock;
 use crate::coordinator::{
     BackendError, Coordinator, EnqueueRequest, Enqueued, Grant, HeldLease, Released, ReplicaId,
-    Ticket, TicketState, Token, Waiting,
+    Ticket, Token, Waiting,
 };
 use crate::error::{CoordinationUnavailableError, Reason};
 use crate::metrics::{Metrics, dec, inc};
 use crate::timer::Timer;
 
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
 const RUNNING: u8 = 0;
 const STOPPING: u8 = 1;
 const ABORTED: u8 = 2;
 
-/// What runs when a queued ticket's wait ends: with the turn, or with why not.
-pub(crate) type OnGrant = Box<dyn FnOnce(Result<Turn, CoordinationUnavailableError>) + Send>;
+/// How a wait ended without a turn.
+#[derive(Debug)]
+pub(crate) enum NoTurn {
+    /// Timed out, lost, the backend unreachable, or the replica stopping.
+    Failed(CoordinationUnavailableError),
+    /// The message's id was handled meanwhile by a delivery of it elsewhere (the wait
+    /// was for that delivery, see [`Enqueued::InFlight`]).
+    Duplicate,
+}
 
-type Waiter = super::waiters::Waiter<OnGrant>;
+impl std::fmt::Display for NoTurn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoTurn::Failed(e) => e.fmt(f),
+            NoTurn::Duplicate => f.write_str("the message was handled by another delivery"),
+        }
+    }
+}
+
+/// What runs when a queued ticket's wait ends: with the turn, or with why not.
+pub(crate) type OnGrant = Box<dyn FnOnce(Result<Turn, NoTurn>) + Send>;
+
+pub(super) type Waiter = super::waiters::Waiter<OnGrant>;
 
 /// The answer of an intake: the message holds its place, or was a duplicate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Accepted {
-    /// The message holds its place in its chat's queue (or already holds the turn).
+    /// The message is taken in: it holds its place in its chat's queue (or already
+    /// holds the turn), or, when its id is still in flight on another replica, it
+    /// waits for that delivery and ends as a duplicate once that one was handled (or
+    /// runs, if that one's replica died first). Either way it ends exactly once.
     Queued,
-    /// The message id was seen within the dedup window; it will not run again.
+    /// The message id was handled within the dedup window; it will not run again.
     Duplicate,
 }
 
@@ -49,28 +72,32 @@ pub(crate) struct Inner {
     /// This replica's name at the coordinator.
     pub(crate) id: ReplicaId,
     /// The backend shared with the other replicas.
-    coordinator: Arc<dyn Coordinator>,
+    pub(super) coordinator: Arc<dyn Coordinator>,
     /// Counters the bot and the handle report.
     pub(crate) metrics: Arc<Metrics>,
     /// The backend's lease TTL, read once at start.
     pub(crate) ttl: Duration,
     /// Where "now" comes from: real, or fake in tests.
-    clock: Clock,
+    pub(super) clock: Clock,
     /// The last ticket sequence number handed out.
     seq: AtomicU64,
     /// `RUNNING`, `STOPPING` (no new tickets) or `ABORTED` (a simulated crash).
     state: AtomicU8,
     /// Tickets waiting for their grant.
-    waiting: Mutex<Waiters<OnGrant>>,
+    pub(super) waiting: Mutex<Waiters<OnGrant>>,
     /// Held turns by ticket sequence number, renewed by the renewal thread.
-    held: Mutex<HashMap<u64, Arc<TurnState>>>,
+    pub(super) held: Mutex<HashMap<u64, Arc<TurnState>>>,
+    /// Turns being released right now (taken out of `held`, the backend not told
+    /// yet): a second copy of such a turn's grant must not be released by the tick
+    /// in between, or the turn's own release would find its lease gone.
+    pub(super) releasing: Mutex<HashSet<u64>>,
     /// Tickets whose enqueue failed (timeout, connection lost) but may have reached the
     /// backend anyway: they are cancelled on the next renewal ticks, so they neither
     /// hold a place nor keep their message id claimed against a redelivery.
-    ghosts: Mutex<Vec<PlacedWaiter>>,
+    pub(super) ghosts: Mutex<Vec<PlacedWaiter>>,
     /// Grants that found their waiter taken; released at the next tick unless a held
     /// turn has that very grant (see `deliver`).
-    suspects: Mutex<Vec<(Arc<str>, Grant)>>,
+    pub(super) suspects: Mutex<Vec<(Arc<str>, Grant)>>,
     /// Wait deadlines, and for a bot with flows its settle cuts and delays.
     pub(crate) timer: Timer,
     /// Set by a stop; the renewal thread waits on `stop_cv` between ticks.
@@ -114,6 +141,7 @@ impl Inner {
             state: AtomicU8::new(RUNNING),
             waiting: Mutex::new(Waiters::default()),
             held: Mutex::new(HashMap::default()),
+            releasing: Mutex::new(HashSet::default()),
             ghosts: Mutex::new(Vec::new()),
             suspects: Mutex::new(Vec::new()),
             timer: Timer::default(),
@@ -184,11 +212,11 @@ impl Inner {
             if !is_reserved(&w.chat) {
                 inc(&self.metrics.shutting_down);
             }
-            (w.on_grant)(Err(CoordinationUnavailableError::new(
+            (w.on_grant)(Err(NoTurn::Failed(CoordinationUnavailableError::new(
                 Reason::ShuttingDown,
                 shown_chat(&w.chat),
                 w.message_id.as_deref(),
-            )));
+            ))));
         }
     }
 
@@ -221,73 +249,6 @@ impl Inner {
     /// Marks the replica crashed: nothing is released or reported from here on.
     pub(crate) fn set_aborted(&self) {
         self.state.store(ABORTED, Ordering::Release);
-    }
-
-    /// One renewal tick, in one coordinator call: extends every held lease, keeps the
-    /// waiting tickets alive and re-checks them for lost wake-ups. `last_ok` is when a
-    /// renewal last got through: once that is longer ago than the TTL, every held
-    /// lease is lost.
-    pub(crate) fn renew_once(self: &Arc<Self>, last_ok: &mut Instant) {
-        let held: Vec<Arc<TurnState>> = self.held.lock().values().cloned().collect();
-        let leases: Vec<HeldLease<'_>> = held.iter().map(|s| s.lease()).collect();
-        let waiters = self.placed_waiters();
-        let tickets: Vec<Ticket> = waiters.iter().map(|w| self.ticket(w.1)).collect();
-        let waiting: Vec<Waiting<'_>> = waiters
-            .iter()
-            .zip(&tickets)
-            .map(|((chat, _, id), ticket)| Waiting {
-                chat,
-                ticket,
-                message_id: id.as_deref(),
-            })
-            .collect();
-        let sent = self.clock.now();
-        match self.coordinator.renew(&self.id, &leases, &waiting) {
-            Ok(renewal) => {
-                *last_ok = self.clock.now();
-                for (state, kept) in held.iter().zip(renewal.held) {
-                    if kept {
-                        state.renewed(sent, self.ttl);
-                    } else {
-                        self.mark_lost(state, "renewal refused");
-                    }
-                }
-                self.apply_recheck(&waiters, renewal.waiting);
-                self.bury_ghosts();
-                self.release_suspects();
-            }
-            Err(e) => {
-                inc(&self.metrics.backend_errors);
-                log::warn!(target: "botmesh::lease", "renewal failed: {e}");
-                if self.clock.now().saturating_duration_since(*last_ok) > self.ttl {
-                    for state in &held {
-                        self.mark_lost(state, "coordinator unreachable for longer than the TTL");
-                    }
-                }
-            }
-        }
-    }
-
-    fn mark_lost(&self, state: &TurnState, why: &str) {
-        // A turn released while the renewal was in flight is not lost, just gone.
-        if self.held.lock().remove(&state.ticket.seq).is_none() {
-            return;
-        }
-        let metered = !is_reserved(&state.chat);
-        if metered {
-            dec(&self.metrics.held);
-        }
-        if state.mark_lost() {
-            if metered {
-                inc(&self.metrics.lost);
-            }
-            log::warn!(
-                target: "botmesh::lease",
-                "turn on chat {:?} (token {}) lost: {why}",
-                shown_chat(&state.chat),
-                state.token
-            );
-        }
     }
 
     pub(crate) fn ticket(&self, seq: u64) -> Ticket {
@@ -401,6 +362,7 @@ impl Inner {
                 since,
                 wait,
                 placed: false,
+                in_flight: false,
                 on_grant,
             },
         );
@@ -425,14 +387,20 @@ impl Inner {
                 }
                 Ok((Accepted::Queued, seq))
             }
-            Ok(Enqueued::Queued) => {
+            Ok(answer @ (Enqueued::Queued | Enqueued::InFlight)) => {
                 if metered {
                     inc(&self.metrics.accepted);
                 }
-                // A ticket granted meanwhile (by a push) needs no deadline.
-                if self.waiting.lock().mark_placed(seq)
-                    && let Some(deadline) = since.checked_add(wait)
-                {
+                // A ticket granted meanwhile (by a push) needs no deadline. One whose
+                // id is in flight elsewhere asks again on every renewal tick.
+                let waiting = {
+                    let mut table = self.waiting.lock();
+                    match answer {
+                        Enqueued::InFlight => table.mark_in_flight(seq),
+                        _ => table.mark_placed(seq),
+                    }
+                };
+                if waiting && let Some(deadline) = since.checked_add(wait) {
                     let me = Arc::downgrade(self);
                     self.timer.at(
                         deadline,
@@ -546,12 +514,17 @@ impl Inner {
             )
         };
         let metered = !is_reserved(&state.chat);
-        let was_held = self.held.lock().remove(&state.ticket.seq).is_some();
+        let seq = state.ticket.seq;
+        // Marked releasing before it leaves `held`, so the tick never sees it in
+        // neither (see `release_suspects`).
+        self.releasing.lock().insert(seq);
+        let was_held = self.held.lock().remove(&seq).is_some();
         if was_held && metered {
             dec(&self.metrics.held);
         }
         if self.is_aborted() {
             // A crashed replica releases nothing; its lease expires.
+            self.releasing.lock().remove(&seq);
             return Err(lost_err());
         }
         // Known lost here (by the renewal, or by our own clock): still release at the
@@ -560,7 +533,9 @@ impl Inner {
         if locally_lost && was_held && metered {
             inc(&self.metrics.lost);
         }
-        match self.coordinator.release(&state.lease(), handled) {
+        let released = self.coordinator.release(&state.lease(), handled);
+        self.releasing.lock().remove(&seq);
+        match released {
             Ok(Released::Released { next }) => {
                 if let Some(grant) = next {
                     self.deliver(&state.chat, grant);
@@ -622,7 +597,7 @@ impl Inner {
         }
     }
 
-    fn release_ghost(self: &Arc<Self>, chat: &str, grant: &Grant) {
+    pub(super) fn release_ghost(self: &Arc<Self>, chat: &str, grant: &Grant) {
         let lease = HeldLease {
             chat,
             ticket: &grant.ticket,
@@ -635,115 +610,9 @@ impl Inner {
         }
     }
 
-    /// Releases the grants no held turn uses (see `deliver`); called by the tick.
-    fn release_suspects(self: &Arc<Self>) {
-        let suspects = std::mem::take(&mut *self.suspects.lock());
-        for (chat, grant) in suspects {
-            let in_use = self
-                .held
-                .lock()
-                .get(&grant.ticket.seq)
-                .is_some_and(|s| s.token == grant.token);
-            if !in_use {
-                log::debug!(target: "botmesh::replica", "releasing grant {} on chat {chat:?}: no turn uses it", grant.ticket);
-                self.release_ghost(&chat, &grant);
-            }
-        }
-    }
-
-    /// Cancels the tickets whose enqueue failed; called by the renewal tick. Stops at
-    /// the first backend error (the rest wait for the next tick).
-    fn bury_ghosts(self: &Arc<Self>) {
-        let ghosts: Vec<PlacedWaiter> = std::mem::take(&mut *self.ghosts.lock());
-        let mut left = Vec::new();
-        let mut reachable = true;
-        for g in ghosts {
-            if !reachable {
-                left.push(g);
-                continue;
-            }
-            let ticket = self.ticket(g.1);
-            let waiting = Waiting {
-                chat: &g.0,
-                ticket: &ticket,
-                message_id: g.2.as_deref(),
-            };
-            match self.coordinator.cancel(&waiting) {
-                Ok(None) => {}
-                Ok(Some(grant)) => self.release_ghost(&g.0, &grant),
-                Err(_) => {
-                    reachable = false;
-                    left.push(g);
-                }
-            }
-        }
-        self.ghosts.lock().extend(left);
-    }
-
-    /// For the renewal tick: per chat, this replica's earliest placed waiting ticket
-    /// (see [`Waiters::first_placed_per_chat`]): a backlog does not multiply the
-    /// tick's work.
-    fn placed_waiters(&self) -> Vec<PlacedWaiter> {
-        self.waiting.lock().first_placed_per_chat()
-    }
-
-    /// Acts on the re-check's findings: grants found are delivered (a lost wake-up),
-    /// tickets the backend lost are enqueued again.
-    fn apply_recheck(self: &Arc<Self>, waiters: &[PlacedWaiter], states: Vec<TicketState>) {
-        for ((chat, _, _), state) in waiters.iter().zip(states) {
-            match state {
-                TicketState::Granted(grant) => self.deliver(chat, grant),
-                TicketState::Waiting => {}
-                TicketState::Gone => {
-                    // The backend lost our earliest ticket of this chat, so most likely
-                    // all of them (a restart): queue them all again, in intake order.
-                    let placed = self.waiting.lock().placed_on(chat);
-                    for (chat, seq, id) in placed {
-                        self.requeue(&chat, seq, id.as_deref());
-                    }
-                }
-            }
-        }
-    }
-
-    /// Puts a ticket the backend lost (a restart without persistence) back in its
-    /// queue. It loses its place, but nothing waits forever.
-    fn requeue(self: &Arc<Self>, chat: &str, seq: u64, message_id: Option<&str>) {
-        let Some(wait) = self.waiting.lock().left(seq, self.clock.now()) else {
-            return; // resolved meanwhile
-        };
-        log::warn!(target: "botmesh::replica", "ticket {seq} of chat {chat:?} was lost by the coordinator; queueing it again");
-        let ticket = self.ticket(seq);
-        let request = EnqueueRequest {
-            chat,
-            ticket: &ticket,
-            message_id,
-            wait,
-        };
-        match self.coordinator.enqueue(&request) {
-            Ok(Enqueued::Granted(grant)) => self.deliver(chat, grant),
-            Ok(Enqueued::Queued) => {}
-            Ok(Enqueued::Duplicate) => {
-                // Another replica handled a redelivery of this message meanwhile.
-                if let Some(w) = self.take_waiter(seq) {
-                    inc(&self.metrics.duplicates);
-                    (w.on_grant)(Err(CoordinationUnavailableError::new(
-                        Reason::Lost,
-                        shown_chat(&w.chat),
-                        w.message_id.as_deref(),
-                    )));
-                }
-            }
-            Err(e) => {
-                inc(&self.metrics.backend_errors);
-                log::warn!(target: "botmesh::replica", "re-queue failed, retrying next tick: {e}");
-            }
-        }
-    }
-
     /// A waiter's deadline passed: take its ticket out of the queue, unless it was
     /// granted meanwhile.
-    fn expire(self: &Arc<Self>, seq: u64) {
+    pub(super) fn expire(self: &Arc<Self>, seq: u64) {
         let Some(w) = self.take_waiter(seq) else {
             return; // already granted
         };
@@ -766,7 +635,7 @@ impl Inner {
                     w.message_id.as_deref(),
                 );
                 log::debug!(target: "botmesh::replica", "{err}");
-                (w.on_grant)(Err(err));
+                (w.on_grant)(Err(NoTurn::Failed(err)));
             }
             Err(e) => {
                 inc(&self.metrics.backend_errors);
@@ -777,7 +646,7 @@ impl Inner {
                 )
                 .with_source(e);
                 log::debug!(target: "botmesh::replica", "{err}");
-                (w.on_grant)(Err(err));
+                (w.on_grant)(Err(NoTurn::Failed(err)));
             }
         }
     }

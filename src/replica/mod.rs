@@ -31,7 +31,7 @@ mod turn;
 mod waiters;
 
 pub use self::client::Accepted;
-pub(crate) use self::client::{Inner, OnGrant};
+pub(crate) use self::client::{Inner, NoTurn, OnGrant};
 pub(crate) use self::lease::{TurnState, period};
 pub(crate) use self::names::provider_lease;
 pub use self::turn::Turn;
@@ -212,7 +212,16 @@ impl Replica {
             slot: slot.clone(),
             chat: Arc::from(chat),
         };
-        let on_grant: OnGrant = Box::new(move |r| fill.put(r));
+        let chat_name: Arc<str> = Arc::from(chat);
+        // No message id: a lock's wait never ends as a duplicate.
+        let on_grant: OnGrant = Box::new(move |r| {
+            fill.put(r.map_err(|no| match no {
+                NoTurn::Failed(e) => e,
+                NoTurn::Duplicate => {
+                    CoordinationUnavailableError::new(Reason::Lost, &chat_name, None)
+                }
+            }))
+        });
         self.inner.enqueue(chat, None, wait, on_grant)?;
         let mut result = slot.result.lock();
         loop {

@@ -12,8 +12,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::client::Inner;
-use super::lease::period;
+use super::client::{Inner, NoTurn};
+use super::lease::{TurnState, period};
+use super::names::{is_reserved, shown_chat};
+use super::waiters::PlacedWaiter;
+use crate::coordinator::{EnqueueRequest, Enqueued, HeldLease, Ticket, TicketState, Waiting};
+use crate::metrics::{dec, inc};
 
 /// Runs ticks until the replica stops. The wait between ticks is on the real clock
 /// (it is a thread's sleep); the tick's judgements use the replica's clock.
@@ -34,4 +38,225 @@ pub(crate) fn renewal_loop(inner: &Arc<Inner>) {
         next = Instant::now() + period;
         inner.renew_once(&mut last_ok);
     }
+}
+
+/// The renewal tick's work: it runs on the renewal thread, and tests call it
+/// directly.
+impl Inner {
+    /// One renewal tick, in one coordinator call: extends every held lease, keeps the
+    /// waiting tickets alive and re-checks them for lost wake-ups. `last_ok` is when a
+    /// renewal last got through: once that is longer ago than the TTL, every held
+    /// lease is lost.
+    pub(crate) fn renew_once(self: &Arc<Self>, last_ok: &mut Instant) {
+        let held: Vec<Arc<TurnState>> = self.held.lock().values().cloned().collect();
+        let leases: Vec<HeldLease<'_>> = held.iter().map(|s| s.lease()).collect();
+        let waiters = self.placed_waiters();
+        let tickets: Vec<Ticket> = waiters.iter().map(|w| self.ticket(w.1)).collect();
+        let waiting: Vec<Waiting<'_>> = waiters
+            .iter()
+            .zip(&tickets)
+            .map(|((chat, _, id), ticket)| Waiting {
+                chat,
+                ticket,
+                message_id: id.as_deref(),
+            })
+            .collect();
+        let sent = self.clock.now();
+        match self.coordinator.renew(&self.id, &leases, &waiting) {
+            Ok(renewal) => {
+                *last_ok = self.clock.now();
+                for (state, kept) in held.iter().zip(renewal.held) {
+                    if kept {
+                        state.renewed(sent, self.ttl);
+                    } else {
+                        self.mark_lost(state, "renewal refused");
+                    }
+                }
+                self.apply_recheck(&waiters, renewal.waiting);
+                self.retry_in_flight();
+                self.bury_ghosts();
+                self.release_suspects();
+            }
+            Err(e) => {
+                inc(&self.metrics.backend_errors);
+                log::warn!(target: "botmesh::lease", "renewal failed: {e}");
+                if self.clock.now().saturating_duration_since(*last_ok) > self.ttl {
+                    for state in &held {
+                        self.mark_lost(state, "coordinator unreachable for longer than the TTL");
+                    }
+                }
+            }
+        }
+    }
+
+    fn mark_lost(&self, state: &TurnState, why: &str) {
+        // A turn released while the renewal was in flight is not lost, just gone.
+        if self.held.lock().remove(&state.ticket.seq).is_none() {
+            return;
+        }
+        let metered = !is_reserved(&state.chat);
+        if metered {
+            dec(&self.metrics.held);
+        }
+        if state.mark_lost() {
+            if metered {
+                inc(&self.metrics.lost);
+            }
+            log::warn!(
+                target: "botmesh::lease",
+                "turn on chat {:?} (token {}) lost: {why}",
+                shown_chat(&state.chat),
+                state.token
+            );
+        }
+    }
+
+    /// Releases the grants no held turn uses (see `deliver`); called by the tick.
+    fn release_suspects(self: &Arc<Self>) {
+        let suspects = std::mem::take(&mut *self.suspects.lock());
+        for (chat, grant) in suspects {
+            // In `held` with that token, or on its way out: `release_turn` marks it
+            // releasing before it leaves `held`, so checking in this order never
+            // misses a turn whose release is in flight.
+            let seq = grant.ticket.seq;
+            let in_use = self
+                .held
+                .lock()
+                .get(&seq)
+                .is_some_and(|s| s.token == grant.token)
+                || self.releasing.lock().contains(&seq);
+            if !in_use {
+                log::debug!(target: "botmesh::replica", "releasing grant {} on chat {chat:?}: no turn uses it", grant.ticket);
+                self.release_ghost(&chat, &grant);
+            }
+        }
+    }
+
+    /// Cancels the tickets whose enqueue failed; called by the renewal tick. Stops at
+    /// the first backend error (the rest wait for the next tick).
+    fn bury_ghosts(self: &Arc<Self>) {
+        let ghosts: Vec<PlacedWaiter> = std::mem::take(&mut *self.ghosts.lock());
+        let mut left = Vec::new();
+        let mut reachable = true;
+        for g in ghosts {
+            if !reachable {
+                left.push(g);
+                continue;
+            }
+            let ticket = self.ticket(g.1);
+            let waiting = Waiting {
+                chat: &g.0,
+                ticket: &ticket,
+                message_id: g.2.as_deref(),
+            };
+            match self.coordinator.cancel(&waiting) {
+                Ok(None) => {}
+                Ok(Some(grant)) => self.release_ghost(&g.0, &grant),
+                Err(_) => {
+                    reachable = false;
+                    left.push(g);
+                }
+            }
+        }
+        self.ghosts.lock().extend(left);
+    }
+
+    /// For the renewal tick: per chat, this replica's earliest placed waiting ticket
+    /// (see [`Waiters::first_placed_per_chat`]): a backlog does not multiply the
+    /// tick's work.
+    fn placed_waiters(&self) -> Vec<PlacedWaiter> {
+        self.waiting.lock().first_placed_per_chat()
+    }
+
+    /// Acts on the re-check's findings: grants found are delivered (a lost wake-up),
+    /// tickets the backend lost are enqueued again.
+    fn apply_recheck(self: &Arc<Self>, waiters: &[PlacedWaiter], states: Vec<TicketState>) {
+        for ((chat, seq, _), state) in waiters.iter().zip(states) {
+            match state {
+                TicketState::Granted(grant) => self.deliver(chat, grant),
+                TicketState::Waiting => {}
+                TicketState::Gone => {
+                    // Gone because it was granted (and maybe released) after this
+                    // tick's snapshot: nothing to do, the grant reached its waiter.
+                    // Gone while it still waits here: the backend lost it, so most
+                    // likely all of the chat's tickets (a restart): queue them all
+                    // again, in intake order (enqueue is idempotent per ticket, so one
+                    // that is still queued keeps its place).
+                    if !self.waiting.lock().contains(*seq) {
+                        continue;
+                    }
+                    let placed = self.waiting.lock().placed_on(chat);
+                    for (chat, seq, id) in placed {
+                        self.requeue(&chat, seq, id.as_deref());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Puts a ticket the backend lost (a restart without persistence) back in its
+    /// queue. It loses its place, but nothing waits forever.
+    fn requeue(self: &Arc<Self>, chat: &str, seq: u64, message_id: Option<&str>) {
+        let Some(wait) = self.waiting.lock().left(seq, self.clock.now()) else {
+            return; // resolved meanwhile
+        };
+        log::warn!(target: "botmesh::replica", "ticket {seq} of chat {chat:?} was lost by the coordinator; queueing it again");
+        let ticket = self.ticket(seq);
+        let request = EnqueueRequest {
+            chat,
+            ticket: &ticket,
+            message_id,
+            wait,
+        };
+        self.enqueue_again(&request);
+    }
+
+    /// Asks the backend again for a ticket this replica still waits on (re-queued, or
+    /// waiting for a delivery of its id elsewhere), and acts on the answer.
+    fn enqueue_again(self: &Arc<Self>, request: &EnqueueRequest<'_>) {
+        let seq = request.ticket.seq;
+        match self.coordinator.enqueue(request) {
+            Ok(Enqueued::Granted(grant)) => self.deliver(request.chat, grant),
+            Ok(Enqueued::Queued) => {
+                self.waiting.lock().mark_placed(seq);
+            }
+            Ok(Enqueued::InFlight) => {
+                self.waiting.lock().mark_in_flight(seq);
+            }
+            Ok(Enqueued::Duplicate) => {
+                // Another delivery of this message was handled meanwhile: the message
+                // ends as a duplicate, which it is.
+                if let Some(w) = self.take_waiter(seq) {
+                    inc(&self.metrics.duplicates);
+                    (w.on_grant)(Err(NoTurn::Duplicate));
+                }
+            }
+            Err(e) => {
+                inc(&self.metrics.backend_errors);
+                log::warn!(target: "botmesh::replica", "enqueue of ticket {seq} failed, retrying next tick: {e}");
+            }
+        }
+    }
+
+    /// Asks again for each message whose id was in flight on another replica: it
+    /// becomes a duplicate once that delivery was handled, or takes the claim over
+    /// (and a place) once that delivery died unhandled.
+    fn retry_in_flight(self: &Arc<Self>) {
+        let now = self.clock.now();
+        // Listed first: the table's lock must not be held across the calls below.
+        let in_flight = self.waiting.lock().in_flight();
+        for (chat, seq, id) in in_flight {
+            let Some(wait) = self.waiting.lock().left(seq, now) else {
+                continue;
+            };
+            let ticket = self.ticket(seq);
+            self.enqueue_again(&EnqueueRequest {
+                chat: &chat,
+                ticket: &ticket,
+                message_id: id.as_deref(),
+                wait,
+            });
+        }
+    }
+
 }

@@ -26,6 +26,10 @@ pub(crate) struct Waiter<G> {
     /// Set once the backend confirmed the ticket is queued; only placed tickets are
     /// re-checked, so a ticket whose enqueue is still in flight is never reported lost.
     pub(crate) placed: bool,
+    /// Set while the message's id is claimed by a live delivery elsewhere
+    /// ([`Enqueued::InFlight`](crate::Enqueued::InFlight)): the ticket is not queued
+    /// anywhere, and the renewal tick asks again.
+    pub(crate) in_flight: bool,
     /// What runs when the wait ends, with the turn or with why not.
     pub(crate) on_grant: G,
 }
@@ -56,7 +60,42 @@ impl<G> Waiters<G> {
 
     /// Marks a ticket as placed at the backend; `false` if it is gone already.
     pub(crate) fn mark_placed(&mut self, seq: u64) -> bool {
-        self.map.get_mut(&seq).map(|w| w.placed = true).is_some()
+        self.map
+            .get_mut(&seq)
+            .map(|w| {
+                w.placed = true;
+                w.in_flight = false;
+            })
+            .is_some()
+    }
+
+    /// Marks a ticket as waiting for a delivery of its id elsewhere; `false` if it is
+    /// gone already.
+    pub(crate) fn mark_in_flight(&mut self, seq: u64) -> bool {
+        self.map
+            .get_mut(&seq)
+            .map(|w| {
+                w.in_flight = true;
+                w.placed = false;
+            })
+            .is_some()
+    }
+
+    /// Whether a ticket still waits here.
+    pub(crate) fn contains(&self, seq: u64) -> bool {
+        self.map.contains_key(&seq)
+    }
+
+    /// The tickets waiting for a delivery of their id elsewhere: (chat, seq, id).
+    pub(crate) fn in_flight(&self) -> Vec<PlacedWaiter> {
+        let mut list: Vec<PlacedWaiter> = self
+            .map
+            .iter()
+            .filter(|(_, w)| w.in_flight)
+            .map(|(seq, w)| (w.chat.clone(), *seq, w.message_id.clone()))
+            .collect();
+        list.sort_unstable_by_key(|w| w.1);
+        list
     }
 
     /// How much of a ticket's wait is left at `now`; `None` once it is gone.
@@ -123,6 +162,7 @@ mod tests {
             since,
             wait: Duration::from_secs(10),
             placed,
+            in_flight: false,
             on_grant: "cb",
         }
     }

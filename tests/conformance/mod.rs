@@ -549,14 +549,21 @@ pub fn duplicate_across_replicas<H: Harness>() {
     let h = H::start(Duration::from_secs(10));
     let rec = Recorder::new();
     let (out_tx, out_rx) = unbounded();
+    // The handler tells it started and waits to be let go, so the second delivery
+    // comes while the first is surely in flight.
+    let (started_tx, started_rx) = unbounded();
+    let (go_tx, go_rx) = unbounded::<()>();
     let mk = |id: &str| {
         let rec = rec.clone();
         let out_tx = out_tx.clone();
+        let (started_tx, go_rx) = (started_tx.clone(), go_rx.clone());
         let id_owned = id.to_owned();
         Bot::builder()
             .id(id)
             .coordination(config(&h, LONG))
             .handler(move |ctx| {
+                let _ = started_tx.send(());
+                let _ = go_rx.recv_timeout(LONG);
                 rec.log.lock().unwrap().push((
                     ctx.message().chat.clone(),
                     ctx.message().text.clone(),
@@ -582,15 +589,23 @@ pub fn duplicate_across_replicas<H: Harness>() {
         a.intake().deliver(m.clone()).expect("deliver"),
         Accepted::Queued
     );
+    started_rx.recv_timeout(LONG).expect("a's handler started");
+    // While a's delivery is in flight, b's is taken in and waits for it: it ends as a
+    // duplicate once a's was handled (it would run if a died first).
     assert_eq!(
         b.intake().deliver(m.clone()).expect("deliver"),
-        Accepted::Duplicate
+        Accepted::Queued
     );
+    go_tx.send(()).expect("let a's handler go");
     a.shutdown();
-    // Still a duplicate after the first was handled.
+    let mut outcomes: Vec<_> = Vec::new();
+    while outcomes.len() < 2 {
+        outcomes.push(out_rx.recv_timeout(LONG).expect("both deliveries end"));
+    }
+    // A duplicate at once after the first was handled.
     assert_eq!(b.intake().deliver(m).expect("deliver"), Accepted::Duplicate);
     b.shutdown();
-    let outcomes: Vec<_> = out_rx.try_iter().collect();
+    outcomes.extend(out_rx.try_iter());
     assert_eq!(outcomes.iter().filter(|o| !o.2).count(), 1, "{outcomes:?}");
     assert_eq!(outcomes.iter().filter(|o| o.2).count(), 2, "{outcomes:?}");
     assert_eq!(rec.texts("chat"), ["hello"]);
