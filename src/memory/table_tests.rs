@@ -308,7 +308,13 @@ fn enqueue_is_idempotent_per_ticket() {
         other => panic!("{other:?}"),
     };
     assert_eq!(next.ticket, w);
-    assert_eq!(f.release("x", &next, Some("m2")), Released::Released { next: None });
-    assert!(f.pushed().is_empty(), "no second copy of b's ticket was queued");
+    assert_eq!(
+        f.release("x", &next, Some("m2")),
+        Released::Released { next: None }
+    );
+    assert!(
+        f.pushed().is_empty(),
+        "no second copy of b's ticket was queued"
+    );
     assert_eq!(f.shard.active_chats(), 0);
 }

@@ -665,3 +665,7 @@ impl Owner for Inner {
         self.clock.now()
     }
 }
+
+#[cfg(test)]
+#[path = "client_tests.rs"]
+mod tests;

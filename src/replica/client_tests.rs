@@ -1,0 +1,258 @@
+//! Races of the replica's protocol, made deterministic: no threads of the replica run
+//! (the tests call the renewal tick themselves), the time is a fake clock, and the
+//! interleavings that once lost or stalled messages are forced with hooks in the
+//! coordinator's calls and channels.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender, unbounded};
+use parking_lot::Mutex;
+
+use super::{Inner, NoTurn, OnGrant};
+use crate::coordinator::{
+    BackendError, Coordinator, EnqueueRequest, Enqueued, Grant, GrantSink, HeldLease, Released,
+    Renewal, ReplicaId, Token, Waiting,
+};
+use crate::metrics::Metrics;
+use crate::{Clock, MemoryCoordinator, Turn};
+
+type Hook = Box<dyn FnOnce() + Send>;
+
+/// The memory backend, with a one-shot hook that runs inside the next `renew` (after
+/// the caller took its snapshot, before the backend answers) and one inside the next
+/// `release` (after the caller dropped the turn from its table, before the backend
+/// sees the release).
+struct Hooked {
+    inner: MemoryCoordinator,
+    before_renew: Mutex<Option<Hook>>,
+    before_release: Mutex<Option<Hook>>,
+}
+
+impl Coordinator for Hooked {
+    fn backend(&self) -> &'static str {
+        "hooked memory"
+    }
+    fn lease_ttl(&self) -> Duration {
+        self.inner.lease_ttl()
+    }
+    fn attach(&self, replica: &ReplicaId, sink: GrantSink) -> Result<(), BackendError> {
+        self.inner.attach(replica, sink)
+    }
+    fn detach(&self, replica: &ReplicaId, held: &[HeldLease<'_>]) -> Result<(), BackendError> {
+        self.inner.detach(replica, held)
+    }
+    fn enqueue(&self, request: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError> {
+        self.inner.enqueue(request)
+    }
+    fn cancel(&self, waiting: &Waiting<'_>) -> Result<Option<Grant>, BackendError> {
+        self.inner.cancel(waiting)
+    }
+    fn release(
+        &self,
+        lease: &HeldLease<'_>,
+        handled: Option<&str>,
+    ) -> Result<Released, BackendError> {
+        let hook = self.before_release.lock().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+        self.inner.release(lease, handled)
+    }
+    fn renew(
+        &self,
+        replica: &ReplicaId,
+        held: &[HeldLease<'_>],
+        waiting: &[Waiting<'_>],
+    ) -> Result<Renewal, BackendError> {
+        let hook = self.before_renew.lock().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+        self.inner.renew(replica, held, waiting)
+    }
+    fn write_checkpoint(
+        &self,
+        chat: &str,
+        token: Token,
+        data: Option<&str>,
+    ) -> Result<bool, BackendError> {
+        self.inner.write_checkpoint(chat, token, data)
+    }
+    fn read_checkpoint(&self, chat: &str) -> Result<Option<(Token, String)>, BackendError> {
+        self.inner.read_checkpoint(chat)
+    }
+}
+
+struct World {
+    clock: Clock,
+    backend: Arc<Hooked>,
+}
+
+/// How a wait ended, as a test sees it.
+type Ended = Result<Turn, NoTurn>;
+
+impl World {
+    fn new() -> Self {
+        let clock = Clock::fake();
+        let inner = MemoryCoordinator::with_clock(
+            Duration::from_secs(10),
+            Duration::from_secs(600),
+            clock.clone(),
+        );
+        World {
+            clock,
+            backend: Arc::new(Hooked {
+                inner,
+                before_renew: Mutex::new(None),
+                before_release: Mutex::new(None),
+            }),
+        }
+    }
+
+    fn replica(&self, id: &str) -> Arc<Inner> {
+        Inner::attach(
+            id.to_owned(),
+            self.backend.clone(),
+            Arc::new(Metrics::default()),
+            self.clock.clone(),
+        )
+        .expect("attach")
+    }
+}
+
+/// Enqueues a message on `chat`; its wait's end arrives on the returned channel.
+fn take(r: &Arc<Inner>, chat: &str, id: Option<&str>) -> Receiver<Ended> {
+    let (tx, rx): (Sender<Ended>, Receiver<Ended>) = unbounded();
+    let on_grant: OnGrant = Box::new(move |r| {
+        let _ = tx.send(r);
+    });
+    r.enqueue(chat, id, Duration::from_secs(60), on_grant)
+        .expect("enqueue");
+    rx
+}
+
+fn turn(rx: &Receiver<Ended>) -> Turn {
+    match rx.try_recv() {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => panic!("expected a turn, the wait ended with {e}"),
+        Err(_) => panic!("expected a turn, nothing arrived yet"),
+    }
+}
+
+fn tick(r: &Arc<Inner>) {
+    let mut last_ok = r.now();
+    r.renew_once(&mut last_ok);
+}
+
+/// The re-check's snapshot of waiting tickets is older than its answer: a ticket
+/// granted and released in between reads as gone. That must not re-queue the chat's
+/// other tickets, which are still validly queued: doing so once queued them twice
+/// (the second copy's grant then held the chat for a renewal period) and, for a
+/// message with an id, answered `Duplicate` against its own claim, reporting it lost.
+#[test]
+fn a_ticket_granted_after_the_recheck_snapshot_does_not_requeue_its_chat() {
+    let w = World::new();
+    let h = w.replica("h");
+    let x = w.replica("x");
+    let r = w.replica("r");
+    let held = take(&h, "chat", None);
+    let h_turn = turn(&held);
+    let first = take(&r, "chat", Some("m1"));
+    let between = take(&x, "chat", None);
+    let second = take(&r, "chat", Some("m2"));
+    // Inside r's renewal, after its snapshot: h releases, r's first message runs and
+    // releases, and x gets the chat. r's second message still waits behind x.
+    let (first_tx, first_rx) = unbounded();
+    *w.backend.before_renew.lock() = Some(Box::new(move || {
+        h_turn.release().expect("h releases");
+        let t = turn(&first);
+        t.release().expect("r's first message releases");
+        let _ = first_tx.send(());
+    }));
+    tick(&r);
+    first_rx.try_recv().expect("the hook ran");
+    assert!(
+        second.try_recv().is_err(),
+        "r's second message still waits (it was neither reported nor granted)"
+    );
+    turn(&between).release().expect("x releases");
+    let t = turn(&second);
+    t.release().expect("r's second message releases");
+    // Exactly one copy of it was queued: the chat is idle now, nothing holds it.
+    assert_eq!(w.backend.inner.active_chats(), 0);
+    assert_eq!(r.metrics.snapshot().lost, 0);
+}
+
+/// A grant that reaches the replica twice (the push and the re-check) while its turn
+/// is being released: the tick must not release the second copy in between, or the
+/// turn's own release finds its lease gone and a handled message is reported lost.
+#[test]
+fn a_second_copy_of_a_grant_is_not_released_while_its_turn_releases() {
+    let w = World::new();
+    let h = w.replica("h");
+    let r = w.replica("r");
+    let held = take(&h, "chat", None);
+    let h_turn = turn(&held);
+    let waiter = take(&r, "chat", Some("m1"));
+    let (entered_tx, entered_rx) = unbounded::<()>();
+    let (go_tx, go_rx) = unbounded::<()>();
+    let (done_tx, done_rx) = unbounded();
+    let backend = w.backend.clone();
+    // Inside r's renewal, after its snapshot (which lists the waiter): h releases, the
+    // push hands the turn to the waiter, and its handler ends at once: its release
+    // starts on another thread and stops just before the backend hears of it.
+    *w.backend.before_renew.lock() = Some(Box::new(move || {
+        h_turn.release().expect("h releases");
+        let t = turn(&waiter);
+        *backend.before_release.lock() = Some(Box::new(move || {
+            let _ = entered_tx.send(());
+            let _ = go_rx.recv();
+        }));
+        std::thread::spawn(move || {
+            let _ = done_tx.send(t.release());
+        });
+        entered_rx
+            .recv()
+            .expect("the release reached the backend's door");
+    }));
+    // The re-check finds the waiter's ticket holding the chat: a second copy of the
+    // grant, whose waiter is gone. The tick decides what to do with it now.
+    tick(&r);
+    go_tx.send(()).expect("let the release through");
+    let released = done_rx.recv().expect("the release ended");
+    assert!(
+        released.is_ok(),
+        "the handler's own release must succeed: {released:?}"
+    );
+    assert_eq!(r.metrics.snapshot().lost, 0);
+}
+
+/// The first delivery of a message is queued on a replica that crashes; the platform
+/// redelivers it to another at once, within the TTL. The second delivery must not be
+/// answered "duplicate" and then dropped: it waits, and once the first one's ticket
+/// lapsed unhandled, it takes the claim over and runs.
+#[test]
+fn a_redelivery_while_the_first_owner_is_dead_runs_once_it_lapsed() {
+    let w = World::new();
+    let h = w.replica("h");
+    let a = w.replica("a");
+    let b = w.replica("b");
+    let held = take(&h, "chat", None);
+    let h_turn = turn(&held);
+    let _first = take(&a, "chat", Some("m1"));
+    a.set_aborted(); // a crashes: its ticket stays queued until its liveness lapses
+    let second = take(&b, "chat", Some("m1"));
+    assert!(second.try_recv().is_err(), "taken in, waiting");
+    // Past a's liveness (b and h renew, a does not): the first ticket is dead.
+    w.clock.advance(Duration::from_secs(6));
+    tick(&h);
+    tick(&b);
+    w.clock.advance(Duration::from_secs(6));
+    tick(&h);
+    h_turn.release().expect("h releases");
+    tick(&b);
+    let t = turn(&second);
+    assert_eq!(t.chat(), "chat");
+    t.release().expect("release");
+}
