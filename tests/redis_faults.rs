@@ -474,3 +474,71 @@ fn acl_user_and_password() {
     let text = format!("{err} {err:?}");
     assert!(!text.contains("wrong-pass"), "{text}");
 }
+
+fn pttl(server: &RedisServer, key: &str) -> i64 {
+    redis::cmd("PTTL")
+        .arg(key)
+        .query(&mut server.connection())
+        .expect("PTTL")
+}
+
+/// Replicas with different lease TTLs (a rolling deploy) share one chat. A short-TTL
+/// replica's calls must not cut the queue's expiry below what a long-TTL waiter
+/// needs (its queue would vanish and a later arrival would be served first), and a
+/// grant to a long-TTL replica made by a short-TTL one must last the grantee's own
+/// TTL (it renews every TTL/3 of its own, so a shorter lease would lapse under it).
+/// Checked on the keys' expiries, without waiting for any of them.
+#[test]
+fn mixed_ttls_keep_the_queue_and_the_grantees_lease() {
+    let server = RedisServer::start();
+    let (tx, rx) = unbounded();
+    let replica = |id: &str, ttl: Duration| {
+        let c = coordinator(&server.url(), ttl);
+        let tx = tx.clone();
+        let sink: botmesh::GrantSink = Arc::new(move |chat: &str, g| {
+            let _ = tx.send((chat.to_owned(), g));
+        });
+        let id: botmesh::ReplicaId = Arc::from(id);
+        c.attach(&id, sink).expect("attach");
+        (c, Ticket { replica: id, seq: 1 })
+    };
+    let enqueue = |c: &RedisCoordinator, t: &Ticket| {
+        c.enqueue(&EnqueueRequest {
+            chat: "x",
+            ticket: t,
+            message_id: None,
+            wait: RECV,
+        })
+        .expect("enqueue")
+    };
+    let (h, th) = replica("h", Duration::from_secs(3));
+    let (a, ta) = replica("a", Duration::from_secs(30));
+    let (b, tb) = replica("b", Duration::from_secs(1));
+    let Enqueued::Granted(gh) = enqueue(&h, &th) else {
+        panic!("a free chat is granted");
+    };
+    assert_eq!(enqueue(&a, &ta), Enqueued::Queued);
+    let after_a = pttl(&server, "botmesh:{x}:q");
+    assert!(after_a > 80_000, "3 × a's TTL: {after_a} ms");
+    assert_eq!(enqueue(&b, &tb), Enqueued::Queued);
+    let after_b = pttl(&server, "botmesh:{x}:q");
+    assert!(after_b > 80_000, "b (TTL 1 s) shortened a's queue to {after_b} ms");
+    let lease = HeldLease {
+        chat: "x",
+        ticket: &th,
+        token: gh.token,
+    };
+    assert!(matches!(
+        h.release(&lease, None).expect("release"),
+        Released::Released { next: None }
+    ));
+    let (_, ga) = rx.recv_timeout(RECV).expect("a's grant is pushed");
+    assert_eq!(ga.ticket, ta);
+    let left = pttl(&server, "botmesh:{x}:h");
+    assert!(
+        left > 20_000,
+        "a (TTL 30 s) was granted by h (TTL 3 s) a lease of only {left} ms"
+    );
+    drop(a);
+    drop(b);
+}
