@@ -1194,3 +1194,56 @@ fn huge_values_are_shortened_in_errors() {
         );
     }
 }
+
+/// Settings that cannot work together are refused, naming the fields: a Redis command
+/// timeout that (with its one retry) outlasts the lease, a clock drift allowance that
+/// reaches the renewal period.
+#[test]
+#[cfg(feature = "redis")]
+fn settings_that_cannot_work_together_are_refused() {
+    json_err(
+        r#"{"coordinator": {"redis": {"url": "redis://127.0.0.1:1", "leaseTtl": "300ms", "commandTimeout": "5s"}}}"#,
+        &[
+            "coordinator.redis.commandTimeoutMs",
+            "5s",
+            "leaseTtlMs",
+            "300ms",
+        ],
+    );
+    let options = botmesh::redis::RedisOptions::new("redis://127.0.0.1:1")
+        .with_lease_ttl(Duration::from_millis(300))
+        .with_command_timeout(Duration::from_secs(5));
+    let err = botmesh::redis::RedisCoordinator::connect(options).expect_err("refused");
+    assert!(err.to_string().contains("commandTimeoutMs"), "{err}");
+    // A short TTL alone works: the default command timeout follows it.
+    let short =
+        json(r#"{"coordinator": {"redis": {"url": "redis://127.0.0.1:1", "leaseTtl": "300ms"}}}"#);
+    let CoordinatorConfig::Redis(options) = &short.coordinator else {
+        panic!("redis");
+    };
+    assert_eq!(options.command_timeout, Duration::from_millis(100));
+    json_err(
+        r#"{"coordinator": {"memory": {"leaseTtl": "3s"}}, "clockDriftMs": 1000}"#,
+        &["clockDriftMs", "1s", "leaseTtlMs", "3s"],
+    );
+}
+
+#[test]
+fn clock_drift_loads_in_either_spelling() {
+    for key in [
+        "clockDriftMs",
+        "clock_drift_ms",
+        "clockDrift",
+        "clock_drift",
+    ] {
+        let config = json(&format!(
+            r#"{{"coordinator": {{"memory": {{}}}}, "{key}": "250ms"}}"#
+        ));
+        assert_eq!(
+            config.clock_drift,
+            Some(Duration::from_millis(250)),
+            "{key}"
+        );
+    }
+    assert_eq!(json(r#"{"coordinator": {"memory": {}}}"#).clock_drift, None);
+}

@@ -22,7 +22,7 @@ const RECV: Duration = Duration::from_secs(30);
 fn coordinator(url: &str, ttl: Duration) -> Arc<RedisCoordinator> {
     let options = RedisOptions::new(url)
         .with_lease_ttl(ttl)
-        .with_command_timeout(Duration::from_millis(500));
+        .with_command_timeout((ttl / 3).min(Duration::from_millis(500)));
     Arc::new(RedisCoordinator::connect(options).expect("connect"))
 }
 
@@ -500,7 +500,13 @@ fn mixed_ttls_keep_the_queue_and_the_grantees_lease() {
         });
         let id: botmesh::ReplicaId = Arc::from(id);
         c.attach(&id, sink).expect("attach");
-        (c, Ticket { replica: id, seq: 1 })
+        (
+            c,
+            Ticket {
+                replica: id,
+                seq: 1,
+            },
+        )
     };
     let enqueue = |c: &RedisCoordinator, t: &Ticket| {
         c.enqueue(&EnqueueRequest {
@@ -522,7 +528,10 @@ fn mixed_ttls_keep_the_queue_and_the_grantees_lease() {
     assert!(after_a > 80_000, "3 × a's TTL: {after_a} ms");
     assert_eq!(enqueue(&b, &tb), Enqueued::Queued);
     let after_b = pttl(&server, "botmesh:{x}:q");
-    assert!(after_b > 80_000, "b (TTL 1 s) shortened a's queue to {after_b} ms");
+    assert!(
+        after_b > 80_000,
+        "b (TTL 1 s) shortened a's queue to {after_b} ms"
+    );
     let lease = HeldLease {
         chat: "x",
         ticket: &th,

@@ -21,7 +21,7 @@ use crate::message::{Message, Outcome};
 use crate::metrics::Metrics;
 use crate::provider::leadership::{Gated, LeaderState, Leadership};
 use crate::provider::{Provider, ProviderError, Session, StatusSender};
-use crate::replica::Replica;
+use crate::replica::{Replica, default_drift};
 
 /// A provider to start, with its leadership state when it runs in leader mode.
 type Plan = (Arc<dyn Provider>, Option<Arc<LeaderState>>);
@@ -252,14 +252,19 @@ impl BotBuilder {
             Some(config) => {
                 config.validate().map_err(StartError::Config)?;
                 let coordinator = config.coordinator.build().map_err(StartError::Backend)?;
-                let replica = Replica::start_with(id, coordinator, metrics.clone(), true)
+                let drift = config
+                    .clock_drift
+                    .unwrap_or_else(|| default_drift(coordinator.lease_ttl()));
+                let replica = Replica::start_with(id, coordinator, metrics.clone(), true, drift)
                     .map_err(StartError::Backend)?;
                 (replica, config.turn_wait, config.settle, config.handover)
             }
             None => {
                 let local = Arc::new(MemoryCoordinator::local());
-                let replica = Replica::start_with(id, local, metrics.clone(), false)
-                    .map_err(StartError::Backend)?;
+                // Leases that never expire need no allowance.
+                let replica =
+                    Replica::start_with(id, local, metrics.clone(), false, Duration::ZERO)
+                        .map_err(StartError::Backend)?;
                 (
                     replica,
                     Duration::MAX,

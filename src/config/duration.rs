@@ -88,6 +88,11 @@ impl<B> FileDuration<B> {
     pub(super) fn or(self, default: Duration) -> Duration {
         self.0.unwrap_or(default)
     }
+
+    /// The duration, if the file gave one.
+    pub(super) fn given(self) -> Option<Duration> {
+        self.0
+    }
 }
 
 impl<B> Default for FileDuration<B> {

@@ -30,6 +30,9 @@ struct FileConfig {
     provider_session: ProviderSession,
     #[serde(default)]
     handover: HandoverConfig,
+    #[serde(default, alias = "clock_drift_ms", alias = "clockDrift")]
+    #[serde(alias = "clock_drift")]
+    clock_drift_ms: FileDuration<Any>,
 }
 
 const CONFIG: Shape = Shape {
@@ -53,6 +56,7 @@ impl<'de> Deserialize<'de> for CoordinationConfig {
             provider_down: file.provider_down_ms.or(defaults.provider_down),
             provider_session: file.provider_session,
             handover: file.handover,
+            clock_drift: file.clock_drift_ms.given(),
             ..defaults
         };
         // Every setting was checked as it was read; this guards against the two checks

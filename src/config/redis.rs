@@ -47,7 +47,8 @@ impl<'de> Deserialize<'de> for RedisOptions {
         let file: FileRedis = strict::read(deserializer, &REDIS)?;
         let mut options = RedisOptions::new(file.url);
         options.key_prefix = file.key_prefix.unwrap_or(options.key_prefix);
-        options.lease_ttl = file.lease_ttl_ms.or(options.lease_ttl);
+        let ttl = file.lease_ttl_ms.or(options.lease_ttl);
+        options = options.with_lease_ttl(ttl);
         options.dedup_window = file.dedup_window_ms.or(options.dedup_window);
         options.command_timeout = file.command_timeout_ms.or(options.command_timeout);
         Ok(options)
@@ -126,5 +127,6 @@ pub(super) fn validate(o: &RedisOptions, prefix: &str) -> Result<(), ConfigError
     check_key_prefix(&format!("{prefix}keyPrefix"), &o.key_prefix).map_err(ConfigError::new)?;
     check_set::<LeaseTtl>(&format!("{prefix}leaseTtlMs"), o.lease_ttl)?;
     check_set::<Any>(&format!("{prefix}dedupWindowMs"), o.dedup_window)?;
-    check_set::<CommandTimeout>(&format!("{prefix}commandTimeoutMs"), o.command_timeout)
+    check_set::<CommandTimeout>(&format!("{prefix}commandTimeoutMs"), o.command_timeout)?;
+    crate::redis::check_timeout_fits_lease(o).map_err(|e| ConfigError::new(format!("{prefix}{e}")))
 }

@@ -108,6 +108,13 @@ pub struct CoordinationConfig {
     /// What happens to a chat's live conversation when another replica takes the
     /// chat. Default: only persistent flows continue (`handover`).
     pub handover: HandoverConfig,
+    /// The clock drift allowance: a holder whose renewals stop getting through stops
+    /// acting this long before its lease could run out by its own clock, for a backend
+    /// clock that runs a little faster and the time between its last check and its
+    /// action. Costs nothing while renewals succeed. `None`: a twentieth of the lease
+    /// TTL (500 ms of the default 10 s). Must be under the renewal period (TTL/3)
+    /// (`clockDriftMs`).
+    pub clock_drift: Option<Duration>,
 }
 
 /// The backend the replicas of one bot share: a description of one to create
@@ -228,7 +235,15 @@ impl CoordinationConfig {
             provider_down: Self::DEFAULT_PROVIDER_DOWN,
             provider_session: ProviderSession::default(),
             handover: HandoverConfig::default(),
+            clock_drift: None,
         }
+    }
+
+    /// Sets [`clock_drift`](Self::clock_drift); checked by [`validate`](Self::validate).
+    #[must_use]
+    pub fn with_clock_drift(mut self, drift: Duration) -> Self {
+        self.clock_drift = Some(drift);
+        self
     }
 
     /// Sets [`turn_wait`](Self::turn_wait); checked by [`validate`](Self::validate).
@@ -288,7 +303,21 @@ impl CoordinationConfig {
         duration::check_set::<TurnWait>("turnWaitMs", self.turn_wait)?;
         duration::check_set::<Any>("settleMs", self.settle)?;
         duration::check_set::<Any>("providerDownMs", self.provider_down)?;
-        self.coordinator.validate()
+        self.coordinator.validate()?;
+        if let Some(drift) = self.clock_drift {
+            duration::check_set::<Any>("clockDriftMs", drift)?;
+            let ttl = self.coordinator.lease_ttl();
+            if drift >= ttl / 3 {
+                return Err(ConfigError::new(format!(
+                    "clockDriftMs: {} is not under the renewal period (leaseTtlMs {} / 3): a \
+                     holder would stop acting before its first renewal; use a small fraction \
+                     of the lease TTL",
+                    humantime::format_duration(drift),
+                    humantime::format_duration(ttl)
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// This config with its coordinator built once ([`CoordinatorConfig::build`]) and
@@ -359,6 +388,16 @@ impl CoordinatorConfig {
             #[cfg(feature = "redis")]
             CoordinatorConfig::Redis(_) => "redis",
             CoordinatorConfig::Shared(coordinator) => coordinator.backend(),
+        }
+    }
+
+    /// The lease TTL of the backend this describes (or is).
+    pub fn lease_ttl(&self) -> Duration {
+        match self {
+            CoordinatorConfig::Memory(options) => options.lease_ttl,
+            #[cfg(feature = "redis")]
+            CoordinatorConfig::Redis(options) => options.lease_ttl,
+            CoordinatorConfig::Shared(coordinator) => coordinator.lease_ttl(),
         }
     }
 

@@ -92,7 +92,10 @@ pub struct RedisOptions {
     pub lease_ttl: Duration,
     /// Duplicate-suppression window; zero turns it off. Default 10 min.
     pub dedup_window: Duration,
-    /// Connect, read and write timeout of every Redis call. Default 2 s.
+    /// Connect, read and write timeout of every Redis call. Default 2 s, or a third of
+    /// the lease TTL when that is shorter (set through
+    /// [`with_lease_ttl`](RedisOptions::with_lease_ttl)); must stay under half the
+    /// lease TTL (see [`RedisCoordinator::connect`]).
     pub command_timeout: Duration,
 }
 
@@ -108,6 +111,26 @@ impl std::fmt::Debug for RedisOptions {
     }
 }
 
+/// The default command timeout: 2 s.
+const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Refuses a command timeout that cannot work with the lease TTL: a renewal that
+/// times out is retried once on a fresh connection, so it may take twice the command
+/// timeout; when that reaches the TTL, one slow renewal loses every lease even though
+/// Redis came back in time. The error text starts with the field name (`commandTimeoutMs`).
+pub(crate) fn check_timeout_fits_lease(o: &RedisOptions) -> Result<(), String> {
+    if o.command_timeout.saturating_mul(2) >= o.lease_ttl {
+        return Err(format!(
+            "commandTimeoutMs: {} is too long for leaseTtlMs {}: a renewal that times out \
+             and is retried takes up to twice the command timeout, which must stay under the \
+             lease TTL; use a command timeout under half the TTL",
+            humantime::format_duration(o.command_timeout),
+            humantime::format_duration(o.lease_ttl)
+        ));
+    }
+    Ok(())
+}
+
 impl RedisOptions {
     /// Options for `url` with every default.
     pub fn new(url: impl Into<String>) -> Self {
@@ -116,7 +139,7 @@ impl RedisOptions {
             key_prefix: "botmesh".into(),
             lease_ttl: DEFAULT_LEASE_TTL,
             dedup_window: DEFAULT_DEDUP_WINDOW,
-            command_timeout: Duration::from_secs(2),
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
         }
     }
 
@@ -126,9 +149,15 @@ impl RedisOptions {
         self
     }
 
-    /// Sets the lease TTL.
+    /// Sets the lease TTL. A command timeout still at its default is shortened to a
+    /// third of the TTL if that is less, so a short TTL works without more settings
+    /// (a timeout set with [`with_command_timeout`](Self::with_command_timeout) is kept
+    /// and checked).
     pub fn with_lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = ttl;
+        if self.command_timeout == DEFAULT_COMMAND_TIMEOUT {
+            self.command_timeout = DEFAULT_COMMAND_TIMEOUT.min(ttl / 3);
+        }
         self
     }
 
@@ -205,8 +234,10 @@ impl RedisCoordinator {
     /// scripts.
     ///
     /// # Errors
-    /// [`BackendError`] for an invalid URL or key prefix, a lease TTL under 10 ms, or
-    /// when Redis cannot be reached or refuses the credentials.
+    /// [`BackendError`] for an invalid URL or key prefix, a lease TTL under 10 ms, a
+    /// command timeout of half the lease TTL or more (a renewal that times out and is
+    /// retried would outlast the lease), or when Redis cannot be reached or refuses
+    /// the credentials.
     pub fn connect(options: RedisOptions) -> Result<Self, BackendError> {
         if options.key_prefix.contains(['{', '}']) {
             return Err(BackendError::new(format!(
@@ -220,6 +251,7 @@ impl RedisCoordinator {
                 options.lease_ttl
             )));
         }
+        check_timeout_fits_lease(&options).map_err(BackendError::new)?;
         let client = Client::open(options.url.as_str())
             .map_err(|e| BackendError::new(format!("url: not a valid Redis URL ({e})")))?;
         let ttl_ms = u64::try_from(options.lease_ttl.as_millis()).unwrap_or(u64::MAX);

@@ -77,6 +77,14 @@ pub(crate) struct Inner {
     pub(crate) metrics: Arc<Metrics>,
     /// The backend's lease TTL, read once at start.
     pub(crate) ttl: Duration,
+    /// How long a lease is trusted by this replica's clock from the moment its grant
+    /// or renewal was sent: the TTL less the drift allowance, so a holder stops acting
+    /// before the backend's clock (on another host, running a little faster) could
+    /// give the chat to someone else.
+    pub(crate) trusted: Duration,
+    /// How long a pushed grant (heard of after the fact) is trusted before the next
+    /// renewal confirms it: two thirds of the TTL, less the drift allowance.
+    pushed: Duration,
     /// Where "now" comes from: real, or fake in tests.
     pub(super) clock: Clock,
     /// The last ticket sequence number handed out.
@@ -117,6 +125,7 @@ impl Inner {
         coordinator: Arc<dyn Coordinator>,
         metrics: Arc<Metrics>,
         clock: Clock,
+        drift: Duration,
     ) -> Result<Arc<Inner>, BackendError> {
         if id.is_empty() || id.contains('\0') {
             return Err(BackendError::new(format!(
@@ -129,6 +138,8 @@ impl Inner {
             coordinator,
             metrics,
             ttl,
+            trusted: ttl.saturating_sub(drift),
+            pushed: pushed_lease(ttl).saturating_sub(drift),
             clock,
             // Tickets of a restarted replica that reuses its id must not repeat the
             // dead incarnation's: start from the wall clock in ns.
@@ -198,7 +209,7 @@ impl Inner {
             match cancelled {
                 Ok(Some(grant)) => {
                     // Granted meanwhile: it may as well run.
-                    let valid = self.clock.now() + pushed_lease(self.ttl);
+                    let valid = self.clock.now() + self.pushed;
                     self.grant_to(w, grant, true, valid);
                     continue;
                 }
@@ -279,7 +290,7 @@ impl Inner {
             .renew(&self.id, std::slice::from_ref(&lease), &[])
         {
             Ok(r) if r.held.first() == Some(&true) => {
-                state.renewed(sent, self.ttl);
+                state.renewed(sent, self.trusted);
                 true
             }
             Ok(_) => false,
@@ -383,7 +394,7 @@ impl Inner {
                 }
                 if let Some(w) = self.take_waiter(seq) {
                     // The lease started after this request was sent.
-                    self.grant_to(w, grant, false, sent + self.ttl);
+                    self.grant_to(w, grant, false, sent + self.trusted);
                 }
                 Ok((Accepted::Queued, seq))
             }
@@ -441,7 +452,7 @@ impl Inner {
         }
         match self.take_waiter(grant.ticket.seq) {
             Some(w) => {
-                let valid = self.clock.now() + pushed_lease(self.ttl);
+                let valid = self.clock.now() + self.pushed;
                 self.grant_to(w, grant, true, valid);
             }
             None => {
@@ -624,7 +635,7 @@ impl Inner {
         };
         match self.coordinator.cancel(&waiting) {
             Ok(Some(grant)) => {
-                let valid = self.clock.now() + pushed_lease(self.ttl);
+                let valid = self.clock.now() + self.pushed;
                 self.grant_to(w, grant, true, valid);
             }
             Ok(None) => {

@@ -116,6 +116,7 @@ impl World {
             self.backend.clone(),
             Arc::new(Metrics::default()),
             self.clock.clone(),
+            Duration::ZERO,
         )
         .expect("attach")
     }
@@ -255,4 +256,29 @@ fn a_redelivery_while_the_first_owner_is_dead_runs_once_it_lapsed() {
     let t = turn(&second);
     assert_eq!(t.chat(), "chat");
     t.release().expect("release");
+}
+
+/// With a drift allowance, a holder whose renewals stop gives its turn up that long
+/// before the TTL runs out by its own clock (the backend's clock may run faster).
+#[test]
+fn a_holder_stops_a_drift_allowance_before_its_lease_runs_out() {
+    let w = World::new();
+    let r = Inner::attach(
+        "r".to_owned(),
+        w.backend.clone(),
+        Arc::new(Metrics::default()),
+        w.clock.clone(),
+        Duration::from_secs(1),
+    )
+    .expect("attach");
+    let t = turn(&take(&r, "chat", None));
+    w.clock.advance(Duration::from_millis(8_900));
+    assert!(!t.is_lost(), "within TTL less the allowance");
+    w.clock.advance(Duration::from_millis(200));
+    assert!(
+        t.is_lost(),
+        "9.1 s of a 10 s lease with a 1 s allowance: given up"
+    );
+    // By the backend's clock the lease still stands; the holder's release frees it.
+    assert!(t.release().is_err(), "reported lost, as it was given up");
 }

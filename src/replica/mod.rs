@@ -36,6 +36,15 @@ pub(crate) use self::lease::{TurnState, period};
 pub(crate) use self::names::provider_lease;
 pub use self::turn::Turn;
 
+/// The default clock drift allowance for a lease TTL: a twentieth of it (500 ms of a
+/// 10 s TTL). A holder whose renewals stop getting through stops acting that long
+/// before its lease could run out by its own clock, to cover a backend clock that runs
+/// a little faster and the time between a holder's check and its action. It costs
+/// nothing while renewals succeed (each puts the end a TTL ahead).
+pub(crate) fn default_drift(ttl: Duration) -> Duration {
+    ttl / 20
+}
+
 /// Where a blocked [`Replica::acquire`] waits for its answer.
 #[derive(Default)]
 struct Slot {
@@ -104,7 +113,8 @@ impl Replica {
         id: impl Into<String>,
         coordinator: Arc<dyn Coordinator>,
     ) -> Result<Replica, BackendError> {
-        Self::start_with(id.into(), coordinator, Arc::default(), true)
+        let drift = default_drift(coordinator.lease_ttl());
+        Self::start_with(id.into(), coordinator, Arc::default(), true, drift)
     }
 
     pub(crate) fn start_with(
@@ -112,8 +122,9 @@ impl Replica {
         coordinator: Arc<dyn Coordinator>,
         metrics: Arc<Metrics>,
         background: bool,
+        drift: Duration,
     ) -> Result<Replica, BackendError> {
-        let inner = Inner::attach(id, coordinator, metrics, Clock::real())?;
+        let inner = Inner::attach(id, coordinator, metrics, Clock::real(), drift)?;
         let mut replica = Replica {
             inner,
             threads: Vec::new(),

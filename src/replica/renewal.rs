@@ -67,7 +67,7 @@ impl Inner {
                 *last_ok = self.clock.now();
                 for (state, kept) in held.iter().zip(renewal.held) {
                     if kept {
-                        state.renewed(sent, self.ttl);
+                        state.renewed(sent, self.trusted);
                     } else {
                         self.mark_lost(state, "renewal refused");
                     }

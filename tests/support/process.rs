@@ -103,7 +103,7 @@ pub fn run_replica(cfg: &ReplicaConfig) -> Result<(), String> {
     let options = RedisOptions::new(cfg.redis_url.as_str())
         .with_lease_ttl(cfg.ttl)
         .with_key_prefix(cfg.key_prefix.as_str())
-        .with_command_timeout(Duration::from_millis(500));
+        .with_command_timeout((cfg.ttl / 3).min(Duration::from_millis(500)));
     let coordinator = RedisCoordinator::connect(options).map_err(|e| e.to_string())?;
     let (events_tx, events_rx) = unbounded();
     let client = Client::new(PROVIDER, &cfg.id, cfg.server, cfg.exclusive).with_events(events_tx);
