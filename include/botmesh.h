@@ -36,7 +36,7 @@ typedef int botmesh_status;
 #define BOTMESH_CONFIG 2        /* configuration refused: the message names field and value */
 #define BOTMESH_BACKEND 3       /* the coordinator could not be reached */
 #define BOTMESH_SHUTTING_DOWN 4 /* the bot is stopping; nothing was taken in */
-#define BOTMESH_DUPLICATE 5     /* the message id was seen recently (not an error) */
+#define BOTMESH_DUPLICATE 5     /* the message id was handled recently (not an error) */
 #define BOTMESH_SEND_FAILED 6   /* a reply was refused (lost turn) or the send failed */
 #define BOTMESH_PANIC 7         /* Rust code panicked; caught at the boundary */
 
@@ -82,8 +82,11 @@ botmesh_bot *botmesh_bot_new(const char *id, uint32_t workers, const botmesh_con
 /* Takes a message in; returns once it holds its place in its chat's queue (the
  * handler runs later, on a worker). message_id may be NULL (no duplicate
  * suppression). Safe to call from several threads at once. Returns BOTMESH_OK,
- * BOTMESH_DUPLICATE, BOTMESH_BACKEND or BOTMESH_SHUTTING_DOWN (not taken in: let the
- * platform retry), BOTMESH_INVALID, BOTMESH_PANIC. */
+ * BOTMESH_DUPLICATE (the id was handled already; nothing more happens), BOTMESH_BACKEND
+ * or BOTMESH_SHUTTING_DOWN (not taken in: let the platform retry), BOTMESH_INVALID,
+ * BOTMESH_PANIC. A message whose id is still in flight on another delivery returns
+ * BOTMESH_OK: it waits for that one and ends with BOTMESH_OUTCOME_DUPLICATE, or runs
+ * if that one's replica died first. */
 botmesh_status botmesh_bot_deliver(const botmesh_bot *bot, const char *chat,
                                    const char *message_id, const char *text,
                                    botmesh_error *err);

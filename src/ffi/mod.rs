@@ -367,7 +367,7 @@ pub unsafe extern "C" fn botmesh_bot_new(
 
 /// Takes a message in (chat, optional message id for duplicate suppression, text).
 /// Returns `BOTMESH_OK` once it holds its place in its chat's queue (the handler runs
-/// later, on a worker), `BOTMESH_DUPLICATE` when its id was seen recently,
+/// later, on a worker), `BOTMESH_DUPLICATE` when its id was handled recently (one still in flight is taken in),
 /// `BOTMESH_BACKEND` or `BOTMESH_SHUTTING_DOWN` when it was not taken in (the caller
 /// should let the platform retry), `BOTMESH_INVALID` for bad arguments.
 ///

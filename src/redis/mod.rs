@@ -9,15 +9,16 @@
 //! | key | type | holds | expiry |
 //! | --- | --- | --- | --- |
 //! | `P:{c}:h` | string | the holder: ticket, token, previous replica and token, NUL-separated | the lease TTL |
-//! | `P:{c}:q` | list | tickets in arrival order (FIFO) | 3 × TTL, refreshed by waiters |
-//! | `P:{c}:w` | hash | replica → alive-until (µs, server clock) of its tickets here, refreshed every renewal | 3 × TTL, refreshed |
+//! | `P:{c}:q` | list | tickets in arrival order (FIFO) | 3 × TTL, extended by waiters, never shortened (a short-TTL replica must not cut a long-TTL waiter's queue) |
+//! | `P:{c}:w` | hash | replica → alive-until (µs, server clock) of its tickets here, refreshed every renewal | 3 × TTL, extended, never shortened |
 //! | `P:{c}:l` | string | the last grant's token and replica, NUL-separated | 1 h |
 //! | `P:{c}:m:<id>` | string | the ticket that claimed message `<id>`, or `!` once handled | the dedup window |
 //!
 //! A ticket is `<seq>:<replica>`. Five Lua scripts, loaded once and called by SHA
 //! (reloaded on `NOSCRIPT`, also inside pipelines), do all changes atomically:
 //!
-//! - `enqueue` (one round trip): duplicate check and claim; a free chat with an empty
+//! - `enqueue` (one round trip): duplicate check and claim (`duplicate` once handled,
+//!   `inflight` while a live ticket holds the claim unhandled); a free chat with an empty
 //!   queue is granted at once (about eight `redis.call`s), otherwise the ticket is
 //!   queued with `RPUSH`. Idempotent per ticket, so a retry after a lost
 //!   reply neither queues a ticket twice nor hands out a second token.
@@ -42,8 +43,9 @@
 //! keep clocks synchronised).
 //!
 //! Tickets whose replica stopped renewing lapse (its alive-until passes) and are skipped
-//! at hand-over; a grant made to it is capped by its alive-until, so a crashed replica
-//! costs the others at most about one TTL in all.
+//! at hand-over; a grant's lease runs to the grantee's alive-until (set from the
+//! grantee's own TTL, so replicas with different TTLs each get leases they can renew),
+//! so a crashed replica costs the others at most about one TTL in all.
 //!
 //! Each replica has one subscriber thread on its wake channel; a lost wake-up (killed
 //! connection, Redis restart) is covered by the `check` in the next renewal tick.
