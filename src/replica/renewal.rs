@@ -19,12 +19,18 @@ use super::waiters::PlacedWaiter;
 use crate::coordinator::{EnqueueRequest, Enqueued, HeldLease, Ticket, TicketState, Waiting};
 use crate::metrics::{dec, inc};
 
-/// Runs ticks until the replica stops. The wait between ticks is on the real clock
-/// (it is a thread's sleep); the tick's judgements use the replica's clock.
+/// Runs ticks until the replica stops: every half renewal period (TTL/6), a re-check
+/// of the waiting tickets, and every other one also the renewal of every held lease.
+/// The re-check runs twice as often as the renewal so that two lost wake-ups in a
+/// row still cost no more than one renewal period (TTL/3) in all. The wait between
+/// ticks is on the real clock (it is a thread's sleep); the tick's judgements use the
+/// replica's clock. Ticks are scheduled from the previous one's due time, not its
+/// end, so a slow tick does not push every later one back.
 pub(crate) fn renewal_loop(inner: &Arc<Inner>) {
-    let period = period(inner.ttl);
+    let half = period(inner.ttl) / 2;
     let mut last_ok = inner.now();
-    let mut next = Instant::now() + period;
+    let mut next = Instant::now() + half;
+    let mut renew = false;
     loop {
         {
             let mut stop = inner.stop.lock();
@@ -35,8 +41,23 @@ pub(crate) fn renewal_loop(inner: &Arc<Inner>) {
                 return;
             }
         }
-        next = Instant::now() + period;
-        inner.renew_once(&mut last_ok);
+        let started = Instant::now();
+        // A tick that fell far behind (a paused process) starts the schedule afresh.
+        next = if started > next + half { started + half } else { next + half };
+        if renew {
+            inner.renew_once(&mut last_ok);
+        } else {
+            inner.recheck_once(&mut last_ok);
+        }
+        renew = !renew;
+        let took = started.elapsed();
+        if took > half / 2 {
+            log::warn!(
+                target: "botmesh::lease",
+                "a renewal tick of replica {} took {took:?}, over half its {half:?} slot",
+                inner.id
+            );
+        }
     }
 }
 
@@ -48,7 +69,26 @@ impl Inner {
     /// renewal last got through: once that is longer ago than the TTL, every held
     /// lease is lost.
     pub(crate) fn renew_once(self: &Arc<Self>, last_ok: &mut Instant) {
-        let held: Vec<Arc<TurnState>> = self.held.lock().values().cloned().collect();
+        self.tick(last_ok, true);
+    }
+
+    /// The re-check alone, between renewals: the waiting tickets (and the replica's
+    /// liveness), no held lease. Costs nothing when nothing waits.
+    pub(crate) fn recheck_once(self: &Arc<Self>, last_ok: &mut Instant) {
+        let idle = self.waiting.lock().is_empty()
+            && self.ghosts.lock().is_empty()
+            && self.suspects.lock().is_empty();
+        if !idle {
+            self.tick(last_ok, false);
+        }
+    }
+
+    fn tick(self: &Arc<Self>, last_ok: &mut Instant, renew_held: bool) {
+        let held: Vec<Arc<TurnState>> = if renew_held {
+            self.held.lock().values().cloned().collect()
+        } else {
+            Vec::new()
+        };
         let leases: Vec<HeldLease<'_>> = held.iter().map(|s| s.lease()).collect();
         let waiters = self.placed_waiters();
         let tickets: Vec<Ticket> = waiters.iter().map(|w| self.ticket(w.1)).collect();

@@ -106,6 +106,11 @@ impl<G> Waiters<G> {
         })
     }
 
+    /// Whether nothing waits.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
     /// Every waiting ticket's sequence number.
     pub(crate) fn seqs(&self) -> Vec<u64> {
         self.map.keys().copied().collect()
