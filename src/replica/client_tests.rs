@@ -282,3 +282,25 @@ fn a_holder_stops_a_drift_allowance_before_its_lease_runs_out() {
     // By the backend's clock the lease still stands; the holder's release frees it.
     assert!(t.release().is_err(), "reported lost, as it was given up");
 }
+
+/// A renewal thread held up by a busy CPU for well under the TTL loses nothing: the
+/// lease (by the backend's clock and by the holder's) still stands when the late tick
+/// comes, and the tick renews it.
+#[test]
+fn a_renewal_late_by_less_than_the_ttl_keeps_the_lease() {
+    let w = World::new();
+    let r = w.replica("r");
+    let t = turn(&take(&r, "chat", None));
+    // On time: one period (TTL/3) later.
+    w.clock.advance(Duration::from_millis(3_333));
+    tick(&r);
+    // The next tick comes 6 s late (9.3 s after the last renewal, within 10 s).
+    w.clock.advance(Duration::from_millis(9_300));
+    assert!(!t.is_lost());
+    tick(&r);
+    assert!(!t.is_lost(), "renewed by the late tick");
+    w.clock.advance(Duration::from_secs(5));
+    assert!(!t.is_lost(), "the late renewal put the end a TTL ahead");
+    t.release().expect("still held");
+    assert_eq!(r.metrics.snapshot().lost, 0);
+}
