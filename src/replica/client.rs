@@ -98,7 +98,7 @@ pub(crate) struct Inner {
     /// Turns being released right now (taken out of `held`, the backend not told
     /// yet): a second copy of such a turn's grant must not be released by the tick
     /// in between, or the turn's own release would find its lease gone.
-    pub(super) releasing: Mutex<HashSet<u64>>,
+    pub(super) releasing: Mutex<HashSet<(u64, Token)>>,
     /// Tickets whose enqueue failed (timeout, connection lost) but may have reached the
     /// backend anyway: they are cancelled on the next renewal ticks, so they neither
     /// hold a place nor keep their message id claimed against a redelivery.
@@ -528,14 +528,14 @@ impl Inner {
         let seq = state.ticket.seq;
         // Marked releasing before it leaves `held`, so the tick never sees it in
         // neither (see `release_suspects`).
-        self.releasing.lock().insert(seq);
+        self.releasing.lock().insert((seq, state.token));
         let was_held = self.held.lock().remove(&seq).is_some();
         if was_held && metered {
             dec(&self.metrics.held);
         }
         if self.is_aborted() {
             // A crashed replica releases nothing; its lease expires.
-            self.releasing.lock().remove(&seq);
+            self.releasing.lock().remove(&(seq, state.token));
             return Err(lost_err());
         }
         // Known lost here (by the renewal, or by our own clock): still release at the
@@ -545,7 +545,7 @@ impl Inner {
             inc(&self.metrics.lost);
         }
         let released = self.coordinator.release(&state.lease(), handled);
-        self.releasing.lock().remove(&seq);
+        self.releasing.lock().remove(&(seq, state.token));
         match released {
             Ok(Released::Released { next }) => {
                 if let Some(grant) = next {

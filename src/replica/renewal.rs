@@ -164,7 +164,7 @@ impl Inner {
                 .lock()
                 .get(&seq)
                 .is_some_and(|s| s.token == grant.token)
-                || self.releasing.lock().contains(&seq);
+                || self.releasing.lock().contains(&(seq, grant.token));
             if !in_use {
                 log::debug!(target: "botmesh::replica", "releasing grant {} on chat {chat:?}: no turn uses it", grant.ticket);
                 self.release_ghost(&chat, &grant);
