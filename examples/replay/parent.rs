@@ -94,6 +94,10 @@ struct Run {
     start_us: u64,
     end_us: u64,
     redelivered: bool,
+    /// A handled end (reported, or recovered from a killed replica's part file), so it
+    /// takes part in every check; a run its replica reported as ending otherwise (a
+    /// lost turn) is only held to the fencing rule, since botmesh declared it void.
+    counted: bool,
 }
 
 /// Timed work of the dispatcher.
@@ -140,9 +144,9 @@ pub struct Counts {
     pub delivered: usize,
     /// `handled` lines taken from part files that the platform never heard of.
     pub recovered: u64,
-    /// Of those, the ones from a replica that was not killed (it reported another end,
-    /// or none).
-    pub recovered_unkilled: u64,
+    /// Handler runs that part files show and whose replica reported the update as
+    /// ending otherwise (dropped: mostly `lost`).
+    pub ran_then_dropped: u64,
 }
 
 /// A drop, as the platform saw it.
@@ -192,6 +196,8 @@ pub struct Finished {
     pub overlap: u64,
     /// See `order`.
     pub fence: u64,
+    /// Examples of the violations, one line each.
+    pub violations: Vec<String>,
     /// Waits for the turn of the reported handler runs, ns, sorted.
     pub waits: Vec<u64>,
     /// Every drop.
@@ -211,6 +217,10 @@ pub struct Finished {
     pub late: u64,
     /// The longest time from a latest delivery to an end.
     pub slowest: Duration,
+    /// The updates of one round of the input.
+    pub round_len: usize,
+    /// Replica processes started, replacements included.
+    pub replicas_started: usize,
 }
 
 /// The faults of a run: called by the dispatcher on every turn of its loop.
@@ -222,15 +232,6 @@ pub trait Director {
     /// Whether the run may end once every update ended.
     fn finished(&self) -> bool {
         true
-    }
-}
-
-/// A director that does nothing.
-pub struct NoFaults;
-
-impl Director for NoFaults {
-    fn tick(&mut self, _p: &mut Dispatcher) -> Option<Instant> {
-        None
     }
 }
 
@@ -295,6 +296,8 @@ pub struct Dispatcher {
     /// (update index, replica, handler start) of every reported handler run: what the
     /// part files are merged against.
     reported: HashSet<(usize, usize, u64)>,
+    /// How each replica reported each update it ended: (update index, replica) → end.
+    ended_by: HashMap<(usize, usize), &'static str>,
     start: Instant,
     events_tx: Sender<Event>,
     /// Where part files go: `<base>.<replica>.part`.
@@ -441,6 +444,7 @@ pub fn run(
         counts: Counts::default(),
         drops: Vec::new(),
         reported: HashSet::new(),
+        ended_by: HashMap::new(),
         start: Instant::now(),
         events_tx,
         part_base,
@@ -515,9 +519,11 @@ pub fn run(
         updates,
         late,
         slowest,
+        base_len,
         ..
     } = d;
-    let (order, overlap, fence) = check(runs);
+    let names: Vec<String> = replicas.iter().map(|r| r.name.clone()).collect();
+    let checked = check(runs, &names, &trace.chats);
     waits.sort_unstable();
     let redelivered_handled = updates
         .iter()
@@ -527,9 +533,10 @@ pub fn run(
         trace,
         wall,
         counts,
-        order,
-        overlap,
-        fence,
+        order: checked.order,
+        overlap: checked.overlap,
+        fence: checked.fence,
+        violations: checked.examples,
         waits,
         drops,
         silent,
@@ -539,6 +546,8 @@ pub fn run(
         stalled: !finished,
         late,
         slowest,
+        round_len: base_len,
+        replicas_started: replicas.len(),
     })
 }
 
@@ -925,6 +934,7 @@ impl Dispatcher {
                         start_us,
                         end_us,
                         redelivered: update.redelivered,
+                        counted: true,
                     });
                 }
                 self.reported.insert((index, k, start_us));
@@ -940,6 +950,13 @@ impl Dispatcher {
             Ended::Duplicate => Ending::Duplicate,
             Ended::Failed { error } => Ending::Failed(error),
         };
+        let how = match &ending {
+            Ending::Handled { .. } => "handled",
+            Ending::Dropped(reason) => reason,
+            Ending::Duplicate => "duplicate",
+            Ending::Failed(_) => "failed",
+        };
+        self.ended_by.insert((index, k), how);
         self.end(index, Some(k), ending);
     }
 
@@ -1215,7 +1232,7 @@ impl Dispatcher {
             let Some(r) = self.replicas.get(k) else {
                 continue;
             };
-            let (path, killed) = (r.part.clone(), r.killed);
+            let path = r.part.clone();
             let part = match parts::read(&path) {
                 Ok(part) => part,
                 Err(e) => {
@@ -1244,15 +1261,20 @@ impl Dispatcher {
                 if self.reported.contains(&(index, k, start_us)) {
                     continue;
                 }
+                let reported = self.ended_by.get(&(index, k)).copied();
                 let Some(update) = self.updates.get_mut(index) else {
                     continue;
                 };
-                update.handled = true;
-                let redelivered = update.redelivered;
-                self.counts.recovered += 1;
-                if !killed {
-                    self.counts.recovered_unkilled += 1;
+                // A replica that reported this update's end knew of the run: what it
+                // reported stands. One that never did was killed first.
+                let counted = reported.is_none();
+                if counted {
+                    update.handled = true;
+                    self.counts.recovered += 1;
+                } else {
+                    self.counts.ran_then_dropped += 1;
                 }
+                let redelivered = update.redelivered;
                 if let Some(entry) = self.trace.entries.get(index) {
                     self.runs.push(Run {
                         chat: entry.chat,
@@ -1262,20 +1284,35 @@ impl Dispatcher {
                         start_us,
                         end_us,
                         redelivered,
+                        counted,
                     });
                 }
                 if let Some(log) = &self.log {
-                    let _ = log.send(LogMsg::Record(LogRecord::Handled {
-                        update_id,
-                        chat,
-                        message_id,
-                        replica,
-                        fence,
-                        start_us,
-                        end_us,
-                        redelivered,
-                        recovered: true,
-                    }));
+                    let record = match reported {
+                        None => LogRecord::Handled {
+                            update_id,
+                            chat,
+                            message_id,
+                            replica,
+                            fence,
+                            start_us,
+                            end_us,
+                            redelivered,
+                            recovered: true,
+                        },
+                        Some(how) => LogRecord::Ran {
+                            update_id,
+                            chat,
+                            message_id,
+                            replica,
+                            fence,
+                            start_us,
+                            end_us,
+                            reported: how.to_owned(),
+                            redelivered,
+                        },
+                    };
+                    let _ = log.send(LogMsg::Record(record));
                 }
             }
             if let Err(e) = std::fs::remove_file(&path)
@@ -1350,35 +1387,90 @@ fn static_reason(reason: &str) -> &'static str {
 }
 
 /// The cross-process checks over every handler run: (order, overlap, fencing)
-/// violations.
-fn check(mut runs: Vec<Run>) -> (u64, u64, u64) {
+/// violations, and a few examples of each, naming replicas by `names`.
+fn check(mut runs: Vec<Run>, names: &[String], chats: &[String]) -> Checked {
     runs.sort_unstable_by_key(|r| (r.chat, r.start_us, r.end_us));
-    let (mut order, mut overlap, mut fence) = (0, 0, 0);
+    let name = |k: usize| names.get(k).map_or("?", String::as_str);
+    let describe = |what: &str, before: &Run, r: &Run| {
+        format!(
+            "{what}: chat {} message {} on {} (fence {}, {}..{} µs) then message {} on {} (fence {}, {}..{} µs){}",
+            chats.get(r.chat).map_or("?", String::as_str),
+            before.message_id,
+            name(before.replica),
+            before.fence,
+            before.start_us,
+            before.end_us,
+            r.message_id,
+            name(r.replica),
+            r.fence,
+            r.start_us,
+            r.end_us,
+            if r.counted {
+                ""
+            } else {
+                " (a void run: its turn was reported lost)"
+            }
+        )
+    };
+    let mut c = Checked::default();
     let mut i = 0;
     while i < runs.len() {
         let chat = runs.get(i).map_or(0, |r| r.chat);
-        let mut last_message: Option<i64> = None;
-        let mut last_end: u64 = 0;
-        let mut last_fence: Option<(u64, usize)> = None;
+        let mut last_message: Option<usize> = None;
+        let mut last_end: Option<usize> = None;
+        let mut last_fence: Option<usize> = None;
         while let Some(r) = runs.get(i).filter(|r| r.chat == chat) {
-            if r.start_us < last_end {
-                overlap += 1;
-            }
-            last_end = last_end.max(r.end_us);
-            if !r.redelivered {
-                if last_message.is_some_and(|m| r.message_id <= m) {
-                    order += 1;
-                }
-                last_message = Some(r.message_id);
-            }
-            if let Some((token, replica)) = last_fence
-                && (r.fence < token || (r.fence == token && r.replica != replica))
+            if r.counted
+                && let Some(j) = last_end
+                && let Some(before) = runs.get(j)
+                && r.start_us < before.end_us
             {
-                fence += 1;
+                c.overlap += 1;
+                if c.examples.len() < 12 {
+                    c.examples.push(describe("overlap", before, r));
+                }
             }
-            last_fence = Some((r.fence, r.replica));
+            if r.counted
+                && last_end
+                    .and_then(|j| runs.get(j))
+                    .is_none_or(|b| r.end_us > b.end_us)
+            {
+                last_end = Some(i);
+            }
+            if r.counted && !r.redelivered {
+                if let Some(j) = last_message
+                    && let Some(before) = runs.get(j)
+                    && r.message_id <= before.message_id
+                {
+                    c.order += 1;
+                    if c.examples.len() < 12 {
+                        c.examples.push(describe("order", before, r));
+                    }
+                }
+                last_message = Some(i);
+            }
+            if let Some(j) = last_fence
+                && let Some(before) = runs.get(j)
+                && (r.fence < before.fence
+                    || (r.fence == before.fence && r.replica != before.replica))
+            {
+                c.fence += 1;
+                if c.examples.len() < 12 {
+                    c.examples.push(describe("fence", before, r));
+                }
+            }
+            last_fence = Some(i);
             i += 1;
         }
     }
-    (order, overlap, fence)
+    c
+}
+
+/// What [`check`] found.
+#[derive(Default)]
+struct Checked {
+    order: u64,
+    overlap: u64,
+    fence: u64,
+    examples: Vec<String>,
 }

@@ -86,6 +86,31 @@ pub enum LogRecord {
         #[serde(default, skip_serializing_if = "is_false")]
         recovered: bool,
     },
+    /// A handler run that a replica's part file shows but that the same replica
+    /// reported as ending otherwise (`reported`: e.g. `lost`): the handler ran to its
+    /// end, and its turn was lost meanwhile or before the release (a replica paused
+    /// past its lease, say). Not a `handled` end: the update ended as reported.
+    Ran {
+        /// The Telegram `update_id`.
+        update_id: i64,
+        /// The chat id.
+        chat: String,
+        /// The message id.
+        message_id: i64,
+        /// The replica that ran the handler.
+        replica: String,
+        /// The turn's fencing token.
+        fence: u64,
+        /// Handler start, µs since the Unix epoch.
+        start_us: u64,
+        /// Handler end, µs since the Unix epoch.
+        end_us: u64,
+        /// How the replica reported the update's end.
+        reported: String,
+        /// Delivered again after a replica died with it.
+        #[serde(default, skip_serializing_if = "is_false")]
+        redelivered: bool,
+    },
     /// Not handled.
     Dropped {
         /// The Telegram `update_id`.
