@@ -27,7 +27,7 @@
 //! | `jitter` | every chunk through the proxy delayed 0–5 ms | 0.5–2 s |
 //! | `blackhole` | the proxy holds every byte (bytes flow again after) | 0.2–1.5 × TTL |
 //! | `cut` | the proxy shuts every open connection | an instant |
-//! | `busy` | one `sh -c 'while :; do :; done'` per core, killed after | 0.5–2 s |
+//! | `busy` | two `sh -c 'while :; do :; done'` per core, killed after | 0.5–2 s |
 //!
 //! The input is looped (each round's `update_id`s and `message_id`s shifted past the
 //! previous round's) until the last fault is over; then the last round drains.
@@ -120,7 +120,7 @@ use serde::Serialize;
 
 use chaos_args::{ChaosOptions, Command};
 use faults::{Chaos, Seen};
-use parent::{Finished, Pace};
+use parent::{EarlyDuplicates, Finished, Pace};
 use redis_server::RedisServer;
 
 fn main() -> ExitCode {
@@ -213,7 +213,15 @@ fn chaos(o: &ChaosOptions) -> Result<bool, String> {
     }
     let plan = faults::plan(o.seed, o.faults, &o.kinds, o.lease_ttl, o.replicas);
     let mut director = Chaos::new(plan, o.replicas, &mut server, &proxy);
-    let finished = parent::run(&ro, &settings, trace, Pace::Rate(o.rate), &mut director)?;
+    // A `duplicate` is final here, as it is for a webhook platform: the harness must
+    // see whether botmesh's "handled or will be" holds.
+    let finished = parent::run(
+        &ro,
+        &settings,
+        trace,
+        (Pace::Rate(o.rate), EarlyDuplicates::Final),
+        &mut director,
+    )?;
     let seen = std::mem::take(&mut director.seen);
     let failed_faults = std::mem::take(&mut director.failed);
     drop(director);

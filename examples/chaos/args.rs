@@ -27,7 +27,7 @@ options:
   --replicas N          replica processes (2 to 64) [default: 4]
   --workers W           worker threads per replica [default: 4]
   --rate R              first deliveries per second [default: 1000]
-  --handler-ms MS       simulated work per message, in ms [default: 1]
+  --handler-ms MS       simulated work per message, in ms [default: 3]
   --lease-ttl DURATION  lease TTL, e.g. 1s, 500ms [default: 1s]
   --turn-wait DURATION  longest wait for a chat's turn [default: 10s]
   --log PATH            the replay's event log (JSON lines); the faults go to PATH.faults
@@ -79,7 +79,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String
         replicas: 4,
         workers: 4,
         rate: 1000.0,
-        handler_ms: 1.0,
+        handler_ms: 3.0,
         lease_ttl: Duration::from_secs(1),
         turn_wait: Duration::from_secs(10),
         log: None,

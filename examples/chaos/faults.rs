@@ -39,7 +39,7 @@ pub enum Kind {
     Blackhole,
     /// The proxy shuts every open connection.
     Cut,
-    /// Busy loops on every core.
+    /// Busy loops, two per core.
     Busy,
 }
 
@@ -238,7 +238,10 @@ impl<'a> Chaos<'a> {
             self.slots.get(slot).copied().unwrap_or(0)
         });
         let result: Result<String, String> = match (fault.kind, target) {
-            (Kind::Kill, Some(k)) => p.kill(k).map(|()| String::new()),
+            (Kind::Kill, Some(k)) => {
+                let held = p.held(k);
+                p.kill(k).map(|()| format!("held {held} update(s)"))
+            }
             (Kind::Pause, Some(k)) => p.signal(k, "STOP").map(|()| String::new()),
             (Kind::RedisRestart, _) => {
                 self.server.kill();
@@ -297,8 +300,10 @@ impl<'a> Chaos<'a> {
     }
 
     fn start_busy(&mut self) -> Result<String, String> {
+        // Twice as many loops as cores, so every thread of the replicas (renewal, timer,
+        // subscriber) waits for a core now and then, not only the workers.
         let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
-        for _ in 0..cores {
+        for _ in 0..2 * cores {
             let child = Command::new("sh")
                 .args(["-c", "while :; do :; done"])
                 .stdin(Stdio::null())
@@ -308,7 +313,7 @@ impl<'a> Chaos<'a> {
                 .map_err(|e| format!("cannot start a busy loop: {e}"))?;
             self.busy.0.push(child);
         }
-        Ok(format!("{cores} busy loop(s)"))
+        Ok(format!("{} busy loop(s)", 2 * cores))
     }
 
     /// Ends the fault that ran until now; a kill goes on until its replacement is ready.
@@ -327,7 +332,7 @@ impl<'a> Chaos<'a> {
             (Kind::Kill, Some(_)) => match p.start_replica() {
                 Ok(k) => {
                     if let Some(s) = self.seen.get_mut(fault) {
-                        s.detail = format!("replaced by {}", p.name(k));
+                        s.detail = format!("{}, replaced by {}", s.detail, p.name(k));
                     }
                     return State::Replacing {
                         fault,

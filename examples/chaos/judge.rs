@@ -70,6 +70,29 @@ fn explains(f: &Seen, d: &DropSeen, o: &ChaosOptions) -> bool {
     }
 }
 
+/// The kind of the latest fault whose window (in µs since the Unix epoch) holds
+/// `at_us`, or `none`.
+fn during_us(at_us: u64, faults: &[Seen], ttl: Duration) -> &'static str {
+    faults
+        .iter()
+        .rev()
+        .find(|f| {
+            let (_, close) = window(f, ttl);
+            let grace = u64::try_from(close.saturating_sub(f.end).as_micros()).unwrap_or(u64::MAX);
+            f.start_us <= at_us && at_us <= f.end_us.saturating_add(grace)
+        })
+        .map_or("none", |f| f.kind.name())
+}
+
+/// Counts by the kind of the latest fault whose window holds each time.
+fn tally<'a>(kinds: impl Iterator<Item = &'a str>) -> BTreeMap<&'a str, u64> {
+    let mut counts = BTreeMap::new();
+    for kind in kinds {
+        *counts.entry(kind).or_insert(0) += 1;
+    }
+    counts
+}
+
 /// A drop no fault explains, with the faults whose windows it fell in.
 pub struct Unexplained {
     pub drop: DropSeen,
@@ -164,6 +187,11 @@ pub struct Summary {
     silent: BTreeMap<&'static str, u64>,
     unexplained_drops: u64,
     unexplained: Dropped,
+    /// Unexplained drops by the latest fault whose window they fell in (`none`: no
+    /// fault's).
+    unexplained_during: BTreeMap<&'static str, u64>,
+    /// Violations by the latest fault whose window the offending run started in.
+    violations_during: BTreeMap<&'static str, u64>,
     late: u64,
     slowest_ms: u128,
     wall_s: f64,
@@ -245,6 +273,18 @@ pub fn summary(i: &Inputs<'_>) -> Summary {
         silent,
         unexplained_drops: i.verdict.unexplained.len() as u64,
         unexplained: Dropped::of(unexplained),
+        unexplained_during: tally(i.verdict.unexplained.iter().map(|u| {
+            i.faults
+                .iter()
+                .rev()
+                .find(|f| overlaps(&u.drop, f, i.o.lease_ttl))
+                .map_or("none", |f| f.kind.name())
+        })),
+        violations_during: tally(
+            f.violations_at
+                .iter()
+                .map(|(_, at)| during_us(*at, i.faults, i.o.lease_ttl)),
+        ),
         late: f.late,
         slowest_ms: f.slowest.as_millis(),
         wall_s: (f.wall.as_secs_f64() * 10.0).round() / 10.0,

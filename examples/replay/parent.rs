@@ -52,6 +52,11 @@ use crate::procs::{self, Event, Replica};
 use crate::protocol::{Ended, FromReplica, ToReplica};
 use crate::report::{Ending, LogMsg, LogRecord, LogWriter, REASONS, RedisFacts, Summary};
 
+// What the platform makes of a finished run: the part files merged, the silent losses,
+// the checks.
+#[path = "verdict.rs"]
+mod verdict;
+
 /// How long the replicas may take to stop once every update ended.
 const STOP_WITHIN: Duration = Duration::from_secs(30);
 
@@ -107,6 +112,18 @@ enum Timer {
     Due(usize),
     /// A redelivery answered `duplicate` is tried again.
     Retry(usize),
+}
+
+/// How the platform treats a `duplicate` answer to a redelivery that came soon after
+/// the replica that had the update died.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum EarlyDuplicates {
+    /// Sends it again after a short pause, until the dead replica's claim lapsed (the
+    /// replay's platform: it measures throughput and order, not this).
+    Retry,
+    /// Takes it as final, as a webhook platform takes any answer that is not an error
+    /// (the chaos harness: a `duplicate` must then be backed by a `handled` line).
+    Final,
 }
 
 /// When the platform sends each update for the first time.
@@ -198,6 +215,9 @@ pub struct Finished {
     pub fence: u64,
     /// Examples of the violations, one line each.
     pub violations: Vec<String>,
+    /// Every violation: its kind (`order`, `overlap`, `fence`) and the start of the run
+    /// that broke the rule, µs since the Unix epoch.
+    pub violations_at: Vec<(&'static str, u64)>,
     /// Waits for the turn of the reported handler runs, ns, sorted.
     pub waits: Vec<u64>,
     /// Every drop.
@@ -283,6 +303,7 @@ pub struct Dispatcher {
     /// Rounds of the input in the trace.
     rounds: i64,
     pace: Pace,
+    early_duplicates: EarlyDuplicates,
     replicas: Vec<Replica>,
     updates: Vec<Update>,
     chats: Vec<Chat>,
@@ -327,7 +348,13 @@ pub fn replay(o: &Options, settings: &RedisSettings) -> Result<Summary, String> 
             .map(|f| ((f * total as f64).ceil() as usize).min(total)),
         killed: None,
     };
-    let f = run(o, settings, trace, pace, &mut director)?;
+    let f = run(
+        o,
+        settings,
+        trace,
+        (pace, EarlyDuplicates::Retry),
+        &mut director,
+    )?;
     let mut notes = f.notes;
     if !f.silent.is_empty() {
         notes.push(format!(
@@ -382,7 +409,7 @@ pub fn run(
     o: &Options,
     settings: &RedisSettings,
     trace: Trace,
-    pace: Pace,
+    (pace, early_duplicates): (Pace, EarlyDuplicates),
     director: &mut dyn Director,
 ) -> Result<Finished, String> {
     let log = match &o.log {
@@ -434,6 +461,7 @@ pub fn run(
         updates: trace.entries.iter().map(|_| Update::default()).collect(),
         trace,
         pace,
+        early_duplicates,
         replicas,
         chats,
         timers: BinaryHeap::new(),
@@ -523,7 +551,7 @@ pub fn run(
         ..
     } = d;
     let names: Vec<String> = replicas.iter().map(|r| r.name.clone()).collect();
-    let checked = check(runs, &names, &trace.chats);
+    let checked = verdict::check(runs, &names, &trace.chats);
     waits.sort_unstable();
     let redelivered_handled = updates
         .iter()
@@ -537,6 +565,7 @@ pub fn run(
         overlap: checked.overlap,
         fence: checked.fence,
         violations: checked.examples,
+        violations_at: checked.at,
         waits,
         drops,
         silent,
@@ -685,6 +714,11 @@ impl Dispatcher {
     /// Whether replica `k` is ready and not gone (it may be paused).
     pub fn is_live(&self, k: usize) -> bool {
         self.replicas.get(k).is_some_and(|r| r.live)
+    }
+
+    /// Updates delivered to replica `k` that have not ended (nor been refused).
+    pub fn held(&self, k: usize) -> usize {
+        self.replicas.get(k).map_or(0, |r| r.holding.len())
     }
 
     /// Whether replica `k`'s stdout ended.
@@ -1111,7 +1145,9 @@ impl Dispatcher {
                     self.counts.redelivered += 1;
                 }
                 update.redelivered = true;
-                update.retry_until = Some(until);
+                if self.early_duplicates == EarlyDuplicates::Retry {
+                    update.retry_until = Some(until);
+                }
             }
             self.deliver(index);
         }
@@ -1214,151 +1250,6 @@ impl Dispatcher {
             r.outgoing.push(b'\n');
         }
     }
-
-    // ----- after the run
-
-    /// Reads every replica's part file and adds the `handled` lines the platform never
-    /// heard of to the log and the checks. Removes the part files once merged.
-    fn merge_parts(&mut self, temporary: bool) {
-        let index_of: HashMap<i64, usize> = self
-            .trace
-            .entries
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (e.update_id, i))
-            .collect();
-        let mut unreadable = 0usize;
-        for k in 0..self.replicas.len() {
-            let Some(r) = self.replicas.get(k) else {
-                continue;
-            };
-            let path = r.part.clone();
-            let part = match parts::read(&path) {
-                Ok(part) => part,
-                Err(e) => {
-                    self.note(format!("part file of replica {}: {e}", self.name(k)));
-                    continue;
-                }
-            };
-            unreadable += part.unreadable;
-            for record in part.records {
-                let LogRecord::Handled {
-                    update_id,
-                    chat,
-                    message_id,
-                    replica,
-                    fence,
-                    start_us,
-                    end_us,
-                    ..
-                } = record
-                else {
-                    continue;
-                };
-                let Some(&index) = index_of.get(&update_id) else {
-                    continue;
-                };
-                if self.reported.contains(&(index, k, start_us)) {
-                    continue;
-                }
-                let reported = self.ended_by.get(&(index, k)).copied();
-                let Some(update) = self.updates.get_mut(index) else {
-                    continue;
-                };
-                // A replica that reported this update's end knew of the run: what it
-                // reported stands. One that never did was killed first.
-                let counted = reported.is_none();
-                if counted {
-                    update.handled = true;
-                    self.counts.recovered += 1;
-                } else {
-                    self.counts.ran_then_dropped += 1;
-                }
-                let redelivered = update.redelivered;
-                if let Some(entry) = self.trace.entries.get(index) {
-                    self.runs.push(Run {
-                        chat: entry.chat,
-                        message_id: entry.message_id,
-                        replica: k,
-                        fence,
-                        start_us,
-                        end_us,
-                        redelivered,
-                        counted,
-                    });
-                }
-                if let Some(log) = &self.log {
-                    let record = match reported {
-                        None => LogRecord::Handled {
-                            update_id,
-                            chat,
-                            message_id,
-                            replica,
-                            fence,
-                            start_us,
-                            end_us,
-                            redelivered,
-                            recovered: true,
-                        },
-                        Some(how) => LogRecord::Ran {
-                            update_id,
-                            chat,
-                            message_id,
-                            replica,
-                            fence,
-                            start_us,
-                            end_us,
-                            reported: how.to_owned(),
-                            redelivered,
-                        },
-                    };
-                    let _ = log.send(LogMsg::Record(record));
-                }
-            }
-            if let Err(e) = std::fs::remove_file(&path)
-                && e.kind() != std::io::ErrorKind::NotFound
-                && !temporary
-            {
-                self.note(format!("cannot remove {}: {e}", path.display()));
-            }
-        }
-        if unreadable > 1 {
-            self.note(format!(
-                "{unreadable} unreadable lines in the part files (a kill tears at most one per file)"
-            ));
-        }
-    }
-
-    /// Updates that never ended, or ended only as `duplicate` while no `handled` line
-    /// for them exists anywhere.
-    fn silent_losses(&self) -> Vec<Silent> {
-        let mut silent = Vec::new();
-        for (index, update) in self.updates.iter().enumerate() {
-            let how = if update.ends == 0 {
-                "never_ended"
-            } else if !update.ended_otherwise && !update.handled {
-                "duplicate_only"
-            } else {
-                continue;
-            };
-            let Some(entry) = self.trace.entries.get(index) else {
-                continue;
-            };
-            silent.push(Silent {
-                update_id: entry.update_id,
-                chat: self
-                    .trace
-                    .chats
-                    .get(entry.chat)
-                    .cloned()
-                    .unwrap_or_default(),
-                how,
-                sent_to: update.sent_to.map(|k| self.name(k)),
-                redelivered: update.redelivered,
-            });
-        }
-        silent
-    }
 }
 
 /// The `update_id` and `message_id` ranges of a round: how far the next round shifts.
@@ -1384,93 +1275,4 @@ fn static_reason(reason: &str) -> &'static str {
         .find(|r| **r == reason)
         .copied()
         .unwrap_or("unknown")
-}
-
-/// The cross-process checks over every handler run: (order, overlap, fencing)
-/// violations, and a few examples of each, naming replicas by `names`.
-fn check(mut runs: Vec<Run>, names: &[String], chats: &[String]) -> Checked {
-    runs.sort_unstable_by_key(|r| (r.chat, r.start_us, r.end_us));
-    let name = |k: usize| names.get(k).map_or("?", String::as_str);
-    let describe = |what: &str, before: &Run, r: &Run| {
-        format!(
-            "{what}: chat {} message {} on {} (fence {}, {}..{} µs) then message {} on {} (fence {}, {}..{} µs){}",
-            chats.get(r.chat).map_or("?", String::as_str),
-            before.message_id,
-            name(before.replica),
-            before.fence,
-            before.start_us,
-            before.end_us,
-            r.message_id,
-            name(r.replica),
-            r.fence,
-            r.start_us,
-            r.end_us,
-            if r.counted {
-                ""
-            } else {
-                " (a void run: its turn was reported lost)"
-            }
-        )
-    };
-    let mut c = Checked::default();
-    let mut i = 0;
-    while i < runs.len() {
-        let chat = runs.get(i).map_or(0, |r| r.chat);
-        let mut last_message: Option<usize> = None;
-        let mut last_end: Option<usize> = None;
-        let mut last_fence: Option<usize> = None;
-        while let Some(r) = runs.get(i).filter(|r| r.chat == chat) {
-            if r.counted
-                && let Some(j) = last_end
-                && let Some(before) = runs.get(j)
-                && r.start_us < before.end_us
-            {
-                c.overlap += 1;
-                if c.examples.len() < 12 {
-                    c.examples.push(describe("overlap", before, r));
-                }
-            }
-            if r.counted
-                && last_end
-                    .and_then(|j| runs.get(j))
-                    .is_none_or(|b| r.end_us > b.end_us)
-            {
-                last_end = Some(i);
-            }
-            if r.counted && !r.redelivered {
-                if let Some(j) = last_message
-                    && let Some(before) = runs.get(j)
-                    && r.message_id <= before.message_id
-                {
-                    c.order += 1;
-                    if c.examples.len() < 12 {
-                        c.examples.push(describe("order", before, r));
-                    }
-                }
-                last_message = Some(i);
-            }
-            if let Some(j) = last_fence
-                && let Some(before) = runs.get(j)
-                && (r.fence < before.fence
-                    || (r.fence == before.fence && r.replica != before.replica))
-            {
-                c.fence += 1;
-                if c.examples.len() < 12 {
-                    c.examples.push(describe("fence", before, r));
-                }
-            }
-            last_fence = Some(i);
-            i += 1;
-        }
-    }
-    c
-}
-
-/// What [`check`] found.
-#[derive(Default)]
-struct Checked {
-    order: u64,
-    overlap: u64,
-    fence: u64,
-    examples: Vec<String>,
 }
