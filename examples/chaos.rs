@@ -200,10 +200,9 @@ fn replay_options(o: &ChaosOptions, url: &str) -> Result<args::Options, String> 
 }
 
 fn chaos(o: &ChaosOptions) -> Result<bool, String> {
-    let mut server = RedisServer::try_start()?;
-    let proxy = proxy::Proxy::start(server.port(), o.seed)?;
-    let ro = replay_options(o, &proxy.url())?;
-    let settings = backend::RedisSettings::of(&ro).ok_or("the Redis settings are missing")?;
+    // The input is read before anything starts, so a bad path fails at once; the
+    // proxy's address is filled in once it listens.
+    let mut ro = replay_options(o, "redis://127.0.0.1:0")?;
     let trace = common::load_trace(&ro)?;
     if trace.entries.is_empty() {
         return Err(format!(
@@ -211,6 +210,10 @@ fn chaos(o: &ChaosOptions) -> Result<bool, String> {
             o.updates.display()
         ));
     }
+    let mut server = RedisServer::try_start()?;
+    let proxy = proxy::Proxy::start(server.port(), o.seed)?;
+    ro.redis_url = Some(proxy.url());
+    let settings = backend::RedisSettings::of(&ro).ok_or("the Redis settings are missing")?;
     let plan = faults::plan(o.seed, o.faults, &o.kinds, o.lease_ttl, o.replicas);
     let mut director = Chaos::new(plan, o.replicas, &mut server, &proxy);
     // A `duplicate` is final here, as it is for a webhook platform: the harness must

@@ -90,8 +90,10 @@
 //! checker of the log can tell a redelivered update that the dead replica had handled
 //! (its later `duplicate` answers are right) from one that was lost: an update that
 //! ended only as `duplicate` with no `handled` line anywhere is counted as a silent
-//! loss. `dropped` lines of this mode also name the `replica` that reported the drop and
-//! `at_us`, when the platform heard of it.
+//! loss. A part line whose replica reported the update as ending otherwise (its turn
+//! was lost under the running handler) is added as `{"event":"ran",…,"reported":"lost"}`:
+//! not a `handled` end, but held to the fencing rule. `dropped` lines of this mode also
+//! name the `replica` that reported the drop and `at_us`, when the platform heard of it.
 
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used)]

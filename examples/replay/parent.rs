@@ -25,7 +25,8 @@
 //! - **Part files.** Every replica appends its `handled` lines to a part file of its
 //!   own before the handler returns (`replay/parts.rs`); at the end the platform adds
 //!   the ones it never heard of (a replica killed before it reported them) to the log
-//!   and to the checks, with `"recovered": true`.
+//!   and to the checks, with `"recovered": true`. A line whose replica reported the
+//!   update as ending otherwise (`lost`) becomes a `ran` line, checked for fencing only.
 //!
 //! The parent checks across processes: every update ended exactly once (at least once
 //! when redelivered), none ended only as a `duplicate` without a `handled` line
@@ -808,6 +809,11 @@ impl Dispatcher {
     /// # Errors
     /// When the process cannot be started.
     pub fn start_replica(&mut self) -> Result<usize, String> {
+        // A killed replica's stdout can close a moment before it can be reaped; reap
+        // those now so that a long run of kills leaves no zombies behind.
+        for r in self.replicas.iter_mut().filter(|r| r.killed && r.gone) {
+            let _ = r.process.try_wait();
+        }
         let k = self.replicas.len();
         let name = format!("r{}", k + 1);
         let part = parts::path_for(&self.part_base, &name);
@@ -821,7 +827,8 @@ impl Dispatcher {
     /// messages stay in rising `message_id` order and none is a duplicate of an
     /// earlier one.
     pub fn add_round(&mut self) {
-        let (id_span, message_span) = spans(&self.trace.entries[..self.base_len]);
+        let first_round = self.trace.entries.get(..self.base_len).unwrap_or_default();
+        let (id_span, message_span) = spans(first_round);
         let shift = self.rounds;
         for i in 0..self.base_len {
             let Some(e) = self.trace.entries.get(i) else {
