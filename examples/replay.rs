@@ -80,6 +80,20 @@
 //! processes from the replicas' answers (handler intervals on the system clock,
 //! fencing tokens, order), every update ending exactly once, or at least once when
 //! redelivered; the order check skips redelivered updates.
+//!
+//! Each replica process also appends a `handled` line to a part file of its own
+//! (`<log>.<replica>.part`, or a temporary file without `--log`) before its handler
+//! returns, so before the turn is released; one `write` per line, no fsync (a SIGKILL
+//! cannot take back what the kernel has). At the end the parent merges the part files
+//! into the log: a `handled` line it never heard of (the replica was killed before it
+//! reported it) is added with `"recovered": true`, and takes part in the checks. So a
+//! checker of the log can tell a redelivered update that the dead replica had handled
+//! (its later `duplicate` answers are right) from one that was lost: an update that
+//! ended only as `duplicate` with no `handled` line anywhere is counted as a silent
+//! loss. A part line whose replica reported the update as ending otherwise (its turn
+//! was lost under the running handler) is added as `{"event":"ran",…,"reported":"lost"}`:
+//! not a `handled` end, but held to the fencing rule. `dropped` lines of this mode also
+//! name the `replica` that reported the drop and `at_us`, when the platform heard of it.
 
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used)]
@@ -90,10 +104,19 @@ mod args;
 mod backend;
 #[path = "replay/child.rs"]
 mod child;
+#[path = "replay/common.rs"]
+mod common;
 #[path = "replay/data.rs"]
 mod data;
+// The platform of replica processes is shared with the chaos example, which uses the
+// parts of it that only fault injection needs.
+#[allow(dead_code)]
 #[path = "replay/parent.rs"]
 mod parent;
+#[path = "replay/parts.rs"]
+mod parts;
+#[path = "replay/procs.rs"]
+mod procs;
 #[path = "replay/protocol.rs"]
 mod protocol;
 #[path = "replay/report.rs"]
@@ -104,7 +127,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use botmesh::{Bot, CoordinationConfig, CoordinatorConfig, HandlerError, Intake, Message, Outcome};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
@@ -248,12 +271,6 @@ struct Run {
     done: Sender<()>,
 }
 
-fn unix_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}
-
 fn add(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
@@ -262,7 +279,7 @@ impl Run {
     /// The handler of replica number `replica`: checks the chat's guarantees, then
     /// simulates work.
     fn handle(&self, ctx: &botmesh::Context<'_>, replica: usize) -> Result<(), HandlerError> {
-        let start_us = unix_us();
+        let start_us = common::unix_us();
         let index = update_index(ctx.message()).ok_or("the message carries no update index")?;
         let (Some(entry), Some(slot)) = (self.trace.entries.get(index), self.slots.get(index))
         else {
@@ -301,7 +318,7 @@ impl Run {
             std::thread::sleep(*work);
         }
 
-        slot.end_us.store(unix_us(), Ordering::Relaxed);
+        slot.end_us.store(common::unix_us(), Ordering::Relaxed);
         // Cleared before the handler returns, i.e. before the turn is released.
         chat.busy.store(false, Ordering::Release);
         Ok(())
@@ -397,44 +414,8 @@ fn plan(trace: &Trace, o: &Options) -> Result<Plan, String> {
         .iter()
         .map(|_| rng.gen_range(0..o.replicas))
         .collect();
-    let due = match o.speed {
-        None => None,
-        Some(speed) => {
-            let first = trace.entries.iter().map(|e| e.date).min().unwrap_or(0);
-            let last = trace.entries.iter().map(|e| e.date).max().unwrap_or(0);
-            let span = (last as f64 - first as f64) / speed;
-            // A bound that keeps `Instant + due` far from overflowing.
-            if span > 1e9 {
-                return Err(format!(
-                    "--speed: {speed} would stretch this replay to {span:.0} s; use a larger speed-up"
-                ));
-            }
-            Some(
-                trace
-                    .entries
-                    .iter()
-                    .map(|e| {
-                        let s = (e.date as f64 - first as f64) / speed;
-                        Duration::try_from_secs_f64(s.max(0.0)).unwrap_or_default()
-                    })
-                    .collect(),
-            )
-        }
-    };
+    let due = common::due_times(trace, o)?;
     Ok(Plan { replica_of, due })
-}
-
-/// Simulated handler work for one update: `ms` ± up to `jitter` ms, drawn from a
-/// generator seeded by the run's seed and the update's id (so an update gets the same
-/// work whatever else the input holds).
-fn work_of(update_id: i64, seed: u64, ms: f64, jitter: f64) -> Duration {
-    let mut us = ms * 1000.0;
-    if jitter > 0.0 {
-        let mixed = seed ^ (update_id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let mut rng = StdRng::seed_from_u64(mixed);
-        us += rng.gen_range(-jitter * 1000.0..=jitter * 1000.0);
-    }
-    Duration::try_from_secs_f64(us.max(0.0) / 1e6).unwrap_or_default()
 }
 
 /// Spreads chats over the sender threads (a chat belongs to exactly one sender, which
@@ -527,35 +508,11 @@ fn watch(
     }
 }
 
-/// The input path as shown in the summary: the bundled slice relative to the crate.
-fn shown_path(o: &Options) -> String {
-    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    o.updates
-        .strip_prefix(manifest)
-        .unwrap_or(&o.updates)
-        .display()
-        .to_string()
-}
-
-/// Reads `--updates`, telling stderr about lines that are not updates.
-fn load_trace(o: &Options) -> Result<Trace, String> {
-    let trace = data::load(&o.updates)?;
-    if trace.malformed > 0 {
-        eprintln!(
-            "replay: {} line(s) of {} are not Telegram updates and were skipped (the first is line {})",
-            trace.malformed,
-            o.updates.display(),
-            trace.first_malformed.unwrap_or(0)
-        );
-    }
-    Ok(trace)
-}
-
 /// The replay with every replica in this process: over one shared
 /// `MemoryCoordinator`, or over Redis with one `RedisCoordinator` (connection pool and
 /// subscriber) per replica, as separate processes would have.
 fn replay(o: &Options, redis: Option<&RedisSettings>) -> Result<Summary, String> {
-    let trace = Arc::new(load_trace(o)?);
+    let trace = Arc::new(common::load_trace(o)?);
     let plan = Arc::new(plan(&trace, o)?);
     let replica_names: Arc<[String]> = (1..=o.replicas).map(|i| format!("r{i}")).collect();
     let log = match &o.log {
@@ -570,7 +527,7 @@ fn replay(o: &Options, redis: Option<&RedisSettings>) -> Result<Summary, String>
         trace
             .entries
             .iter()
-            .map(|e| work_of(e.update_id, o.seed, o.handler_ms, o.handler_jitter_ms))
+            .map(|e| common::work_of(e.update_id, o.seed, o.handler_ms, o.handler_jitter_ms))
             .collect()
     } else {
         Vec::new()

@@ -93,6 +93,10 @@ pub struct Options {
     /// Set in a replica process the parent started (hidden flag `--child-replica`): this
     /// process is that replica and speaks the line protocol on stdin/stdout.
     pub child_replica: Option<String>,
+    /// Set in a replica process (hidden flag `--part`): the file it appends a `handled`
+    /// line to before each handler returns, so that a handled update is on record even
+    /// when the process is killed before it could report it.
+    pub part: Option<PathBuf>,
     /// Where to write the per-update log, if anywhere.
     pub log: Option<PathBuf>,
     /// Whether to end stdout with the JSON record.
@@ -121,6 +125,7 @@ impl Options {
             processes: false,
             kill_replica_at: None,
             child_replica: None,
+            part: None,
             log: None,
             json: false,
         }
@@ -260,6 +265,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String
                 }
                 o.child_replica = Some(v);
             }
+            Long("part") => o.part = Some(PathBuf::from(value(&mut parser, "--part")?)),
             Long("log") => o.log = Some(PathBuf::from(value(&mut parser, "--log")?)),
             Long("json") => o.json = true,
             Short('h') | Long("help") => return Ok(Command::Help),
@@ -286,6 +292,7 @@ fn check_combination(o: &Options) -> Result<(), String> {
         ("--lease-ttl", o.lease_ttl.is_some()),
         ("--processes", o.processes),
         ("--child-replica", o.child_replica.is_some()),
+        ("--part", o.part.is_some()),
     ];
     if let Some((flag, _)) = redis_only.iter().find(|(_, set)| *set && !redis) {
         return Err(format!(
@@ -301,6 +308,9 @@ fn check_combination(o: &Options) -> Result<(), String> {
                 "--kill-replica-at: needs --replicas 2 or more (someone must take over)".to_owned(),
             );
         }
+    }
+    if o.part.is_some() && o.child_replica.is_none() {
+        return Err("--part: only for a replica process (--child-replica)".to_owned());
     }
     if o.child_replica.is_some() && o.processes {
         return Err("--child-replica: a replica process does not start processes".to_owned());

@@ -7,6 +7,9 @@
 //! thread go through one [`Out`], which batches them without a writer thread. When stdin
 //! closes, the replica stops cleanly: intake threads finish, then `Bot::shutdown` lets
 //! every accepted update end, then a `stopped` line, then exit 0.
+//!
+//! With `--part PATH` the handler also appends its `handled` line to PATH before it
+//! returns (see `replay/parts.rs`), so what it handled survives a SIGKILL.
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
@@ -21,12 +24,17 @@ use parking_lot::{Mutex, MutexGuard};
 
 use crate::args::Options;
 use crate::backend::{self, RedisSettings};
+use crate::common;
+use crate::parts::PartWriter;
 use crate::protocol::{Ended, FromReplica, ToReplica};
+use crate::report::LogRecord;
 
 /// What a message carries from the intake to its handler and outcome hook.
 struct Delivery {
     index: usize,
     update_id: i64,
+    chat: String,
+    message_id: i64,
     start_us: AtomicU64,
     end_us: AtomicU64,
     waited_ns: AtomicU64,
@@ -114,9 +122,18 @@ fn serve(o: &Options, name: &str) -> Result<(), String> {
         return Err("a replica process needs the run's --key-prefix".to_owned());
     }
     let coordinator = backend::connect(&settings)?;
+    let part = match &o.part {
+        Some(path) => Some(Arc::new(PartWriter::open(path)?)),
+        None => None,
+    };
 
     let out = Arc::new(Out::default());
-    let (seed, ms, jitter) = (o.seed, o.handler_ms, o.handler_jitter_ms);
+    let work = Work {
+        seed: o.seed,
+        ms: o.handler_ms,
+        jitter: o.handler_jitter_ms,
+    };
+    let handler_name = name.to_owned();
     let hook_out = out.clone();
     let replica = name.to_owned();
     let config =
@@ -125,7 +142,7 @@ fn serve(o: &Options, name: &str) -> Result<(), String> {
         .id(name)
         .workers(o.workers)
         .coordination(config)
-        .handler(move |ctx| handle(ctx, seed, ms, jitter))
+        .handler(move |ctx| handle(ctx, &handler_name, work, part.as_deref()))
         .on_outcome(move |message, outcome| ended(&hook_out, &replica, message, outcome))
         .build()
         .map_err(|e| format!("cannot start the bot: {e}"))?;
@@ -198,11 +215,13 @@ fn take_in(name: &str, out: &Out, intake: &botmesh::Intake) {
             text,
             date: _,
         } = msg;
-        let message = Message::new(chat, text)
+        let message = Message::new(chat.clone(), text)
             .with_id(message_id.to_string())
             .with_payload(Delivery {
                 index,
                 update_id,
+                chat: chat.clone(),
+                message_id,
                 start_us: AtomicU64::new(0),
                 end_us: AtomicU64::new(0),
                 waited_ns: AtomicU64::new(0),
@@ -219,9 +238,24 @@ fn take_in(name: &str, out: &Out, intake: &botmesh::Intake) {
     }
 }
 
-/// The handler: records its interval and wait, then simulates the update's work.
-fn handle(ctx: &botmesh::Context<'_>, seed: u64, ms: f64, jitter: f64) -> Result<(), HandlerError> {
-    let start_us = crate::unix_us();
+/// The simulated work of every handler.
+#[derive(Clone, Copy)]
+struct Work {
+    seed: u64,
+    ms: f64,
+    jitter: f64,
+}
+
+/// The handler: records its interval and wait, simulates the update's work, and with a
+/// part file appends its `handled` line there before returning (so before the turn is
+/// released).
+fn handle(
+    ctx: &botmesh::Context<'_>,
+    replica: &str,
+    work: Work,
+    part: Option<&PartWriter>,
+) -> Result<(), HandlerError> {
+    let start_us = common::unix_us();
     let delivery = ctx
         .message()
         .payload::<Delivery>()
@@ -229,13 +263,29 @@ fn handle(ctx: &botmesh::Context<'_>, seed: u64, ms: f64, jitter: f64) -> Result
     delivery.start_us.store(start_us, Ordering::Relaxed);
     let waited = u64::try_from(ctx.turn().waited().as_nanos()).unwrap_or(u64::MAX);
     delivery.waited_ns.store(waited, Ordering::Relaxed);
-    if ms > 0.0 || jitter > 0.0 {
-        let work = crate::work_of(delivery.update_id, seed, ms, jitter);
-        if !work.is_zero() {
-            std::thread::sleep(work);
+    if work.ms > 0.0 || work.jitter > 0.0 {
+        let pause = common::work_of(delivery.update_id, work.seed, work.ms, work.jitter);
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
         }
     }
-    delivery.end_us.store(crate::unix_us(), Ordering::Relaxed);
+    let end_us = common::unix_us();
+    delivery.end_us.store(end_us, Ordering::Relaxed);
+    if let Some(part) = part {
+        // A handled update the part file cannot record is reported as failed: the
+        // platform must not count on a record that is not there.
+        part.record(&LogRecord::Handled {
+            update_id: delivery.update_id,
+            chat: delivery.chat.clone(),
+            message_id: delivery.message_id,
+            replica: replica.to_owned(),
+            fence: ctx.turn().fencing_token(),
+            start_us,
+            end_us,
+            redelivered: false,
+            recovered: false,
+        })?;
+    }
     Ok(())
 }
 

@@ -1,10 +1,10 @@
 //! The platform in front of replica processes (`--processes`).
 //!
 //! The parent starts `--replicas` copies of this example as replica processes (hidden
-//! flag `--child-replica rK`) and talks to each over its stdin/stdout with the line
-//! protocol of [`crate::protocol`]. One thread, the dispatcher, owns every decision;
-//! per replica one thread feeds its stdin and one reads its stdout into the
-//! dispatcher's queue.
+//! flag `--child-replica rK`, see `replay/procs.rs`) and talks to each over its
+//! stdin/stdout with the line protocol of [`crate::protocol`]. One thread, the
+//! dispatcher, owns every decision; per replica one thread feeds its stdin and one
+//! reads its stdout into the dispatcher's queue.
 //!
 //! - **Order.** A chat's next update is sent only once its previous one was answered
 //!   (`accepted`, `duplicate` or `refused`), as Telegram's webhooks do.
@@ -16,82 +16,74 @@
 //!   replica's claim on the message id until its liveness lapses (at most one lease TTL
 //!   after its last renewal), and answers `duplicate` until then; so a redelivery that
 //!   is answered `duplicate` within lease TTL + 1 s of the death is sent again after a
-//!   short pause, and only a later `duplicate` is final (the dead replica had handled it).
-//! - **Faults.** `--kill-replica-at F` SIGKILLs one live replica (drawn from the same
-//!   generator) once `F` of the updates were delivered for the first time.
+//!   short pause, and only a later `duplicate` is final (the dead replica had handled it,
+//!   which its part file then shows).
+//! - **Faults.** A [`Director`] is called on every turn of the loop and may kill,
+//!   pause or start replicas and add rounds of the trace: `--kill-replica-at F` is the
+//!   director [`KillAt`] here (it SIGKILLs one live replica once `F` of the updates
+//!   were delivered for the first time); the chaos example has a richer one.
+//! - **Part files.** Every replica appends its `handled` lines to a part file of its
+//!   own before the handler returns (`replay/parts.rs`); at the end the platform adds
+//!   the ones it never heard of (a replica killed before it reported them) to the log
+//!   and to the checks, with `"recovered": true`. A line whose replica reported the
+//!   update as ending otherwise (`lost`) becomes a `ran` line, checked for fencing only.
 //!
-//! The parent checks across processes, from the `ended` answers: every update ended
-//! exactly once (at least once when redelivered), a chat's handlers started in
-//! `message_id` order (redelivered ones skipped), never overlapped (by their start and
-//! end on the system clock), and carried fencing tokens that never went backwards and
-//! rose whenever the replica changed.
+//! The parent checks across processes: every update ended exactly once (at least once
+//! when redelivered), none ended only as a `duplicate` without a `handled` line
+//! anywhere (a silent loss), a chat's handlers started in `message_id` order
+//! (redelivered ones skipped), never overlapped (by their start and end on the system
+//! clock), and carried fencing tokens that never went backwards and rose whenever the
+//! replica changed.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashSet};
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
-use crate::args::{Options, REDIS_URL_ENV};
+use crate::args::Options;
 use crate::backend::RedisSettings;
+use crate::common;
 use crate::data::Trace;
-use crate::protocol::{Ended, FromReplica, ToReplica};
-use crate::report::{Ending, LogMsg, LogWriter, REASONS, RedisFacts, Summary};
+use crate::parts;
+use crate::procs::{self, Event, Replica};
+use crate::report::{LogMsg, LogWriter, REASONS, RedisFacts, Summary};
 
-/// How long a replica process may take to connect and say `ready`.
-const READY_WITHIN: Duration = Duration::from_secs(30);
+// What the platform makes of a finished run: the part files merged, the silent losses,
+// the checks.
+#[path = "verdict.rs"]
+mod verdict;
+// What a director may do to the platform.
+#[path = "steer.rs"]
+mod steer;
+// The replicas' answers, and the deliveries they lead to.
+#[path = "events.rs"]
+mod events;
+
 /// How long the replicas may take to stop once every update ended.
 const STOP_WITHIN: Duration = Duration::from_secs(30);
-
-/// What the reader threads tell the dispatcher.
-enum Event {
-    /// Lines from replica `.0`, as many as had arrived (each one, or why it is not part
-    /// of the protocol).
-    Lines(usize, Vec<Result<FromReplica, String>>),
-    /// Replica `.0`'s stdout ended: it exited or died.
-    Gone(usize),
-}
-
-/// One replica process as the dispatcher sees it.
-struct Replica {
-    name: String,
-    process: Child,
-    /// The feed of its stdin; `None` once closed.
-    feed: Option<Sender<Vec<u8>>>,
-    /// Lines for its stdin not yet handed to the feed (sent once per batch of events).
-    outgoing: Vec<u8>,
-    threads: Vec<JoinHandle<()>>,
-    /// May get deliveries (not killed, not gone).
-    live: bool,
-    /// Its stdout ended.
-    gone: bool,
-    /// Killed on purpose (`--kill-replica-at`).
-    killed: bool,
-    /// Updates delivered to it that have not ended (nor been refused).
-    holding: HashSet<usize>,
-    /// Its `stopped` answer: handovers.
-    handovers: Option<u64>,
-}
 
 /// One update as the dispatcher tracks it.
 #[derive(Default)]
 struct Update {
     /// The replica its latest delivery went to.
     sent_to: Option<usize>,
+    /// When its latest delivery was sent.
+    sent_at: Option<Instant>,
     /// How many times it ended.
     ends: u32,
     /// Delivered again after a replica died with it.
     redelivered: bool,
     /// Until when a `duplicate` answer may still be the dead replica's live claim.
     retry_until: Option<Instant>,
-    /// Whether one of its ends was `handled`.
+    /// Whether one of its ends was `handled` (as reported, or recovered from a part
+    /// file).
     handled: bool,
+    /// Whether one of its ends was not `duplicate`.
+    ended_otherwise: bool,
 }
 
 /// One chat: its updates in file order, and the one whose answer it waits for.
@@ -100,6 +92,8 @@ struct Chat {
     updates: Vec<usize>,
     next: usize,
     awaiting: Option<usize>,
+    /// A `Due` timer for it is queued: nothing else may send for it meanwhile.
+    timer: bool,
 }
 
 /// A handler run, for the checks after the replay.
@@ -111,36 +105,211 @@ struct Run {
     start_us: u64,
     end_us: u64,
     redelivered: bool,
+    /// A handled end (reported, or recovered from a killed replica's part file), so it
+    /// takes part in every check; a run its replica reported as ending otherwise (a
+    /// lost turn) is only held to the fencing rule, since botmesh declared it void.
+    counted: bool,
 }
 
 /// Timed work of the dispatcher.
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
 enum Timer {
-    /// A chat's next update reaches its original time (`--speed`).
+    /// A chat's next update reaches its time.
     Due(usize),
     /// A redelivery answered `duplicate` is tried again.
     Retry(usize),
 }
 
-#[derive(Default)]
-struct Counts {
-    handled: u64,
-    dropped: [u64; 4],
-    duplicates: u64,
-    failed: u64,
-    ended_twice: u64,
-    redelivered: u64,
-    redelivered_ended_twice: u64,
-    retries: u64,
-    /// Updates that ended at least once.
-    ended: usize,
-    /// First deliveries.
-    delivered: usize,
+/// How the platform treats a `duplicate` answer to a redelivery that came soon after
+/// the replica that had the update died.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum EarlyDuplicates {
+    /// Sends it again after a short pause, until the dead replica's claim lapsed (the
+    /// replay's platform: it measures throughput and order, not this).
+    Retry,
+    /// Takes it as final, as a webhook platform takes any answer that is not an error
+    /// (the chaos harness: a `duplicate` must then be backed by a `handled` line).
+    Final,
 }
 
-struct Dispatcher<'a> {
-    trace: &'a Trace,
-    due: Option<Vec<Duration>>,
+/// When the platform sends each update for the first time.
+pub enum Pace {
+    /// As soon as its chat's previous update was answered.
+    Asap,
+    /// Not before these offsets from the start (`--speed`), one per update.
+    Times(Vec<Duration>),
+    /// Update number `i` not before `i / rate` seconds from the start.
+    Rate(f64),
+}
+
+/// What the platform counted.
+#[derive(Default, Debug)]
+pub struct Counts {
+    /// Ends reported `handled`.
+    pub handled: u64,
+    /// Ends reported `dropped`, by [`REASONS`].
+    pub dropped: [u64; 4],
+    /// Ends reported `duplicate`.
+    pub duplicates: u64,
+    /// Ends reported `failed`.
+    pub failed: u64,
+    /// Updates that were not redelivered and ended more than once.
+    pub ended_twice: u64,
+    /// Updates delivered again because the replica that had them died.
+    pub redelivered: u64,
+    /// Redelivered updates that ended more than once.
+    pub redelivered_ended_twice: u64,
+    /// Redeliveries answered `duplicate` early and sent again.
+    pub retries: u64,
+    /// Updates that ended at least once.
+    pub ended: usize,
+    /// First deliveries.
+    pub delivered: usize,
+    /// `handled` lines taken from part files that the platform never heard of.
+    pub recovered: u64,
+    /// Handler runs that part files show and whose replica reported the update as
+    /// ending otherwise (dropped: mostly `lost`).
+    pub ran_then_dropped: u64,
+}
+
+/// A drop, as the platform saw it.
+#[derive(Debug, Clone)]
+pub struct DropSeen {
+    /// The update's `update_id`.
+    pub update_id: i64,
+    /// botmesh's reason.
+    pub reason: &'static str,
+    /// The replica that reported it; `None` when no replica could take the update.
+    pub replica: Option<String>,
+    /// The update's latest delivery, from the start of the run.
+    pub sent: Duration,
+    /// When the platform heard of the drop, from the start of the run.
+    pub at: Duration,
+    /// Whether the update had been redelivered.
+    pub redelivered: bool,
+}
+
+/// An update that ended nowhere, or only as `duplicate` with no `handled` line
+/// anywhere.
+#[derive(Debug, Clone)]
+pub struct Silent {
+    /// The update's `update_id`.
+    pub update_id: i64,
+    /// The chat id.
+    pub chat: String,
+    /// `never_ended` or `duplicate_only`.
+    pub how: &'static str,
+    /// The replica its latest delivery went to.
+    pub sent_to: Option<String>,
+    /// Whether it had been redelivered.
+    pub redelivered: bool,
+}
+
+/// Everything a finished run leaves for its summary.
+pub struct Finished {
+    /// The trace, with every round a director added.
+    pub trace: Trace,
+    /// From the first delivery until every update ended.
+    pub wall: Duration,
+    /// What the platform counted.
+    pub counts: Counts,
+    /// Order, overlap and fencing violations over every handler run.
+    pub order: u64,
+    /// See `order`.
+    pub overlap: u64,
+    /// See `order`.
+    pub fence: u64,
+    /// Examples of the violations, one line each.
+    pub violations: Vec<String>,
+    /// Every violation: its kind (`order`, `overlap`, `fence`) and the start of the run
+    /// that broke the rule, µs since the Unix epoch.
+    pub violations_at: Vec<(&'static str, u64)>,
+    /// Waits for the turn of the reported handler runs, ns, sorted.
+    pub waits: Vec<u64>,
+    /// Every drop.
+    pub drops: Vec<DropSeen>,
+    /// Every silent loss.
+    pub silent: Vec<Silent>,
+    /// Redelivered updates handled in the end.
+    pub redelivered_handled: u64,
+    /// Grants whose previous holder was another replica (replicas that stopped cleanly).
+    pub handovers: u64,
+    /// Anything unusual.
+    pub notes: Vec<String>,
+    /// Whether the run stalled.
+    pub stalled: bool,
+    /// Updates that took longer than `turn_wait` + 5 s from their latest delivery to
+    /// their first end (a bounded wait that was not bounded).
+    pub late: u64,
+    /// The longest time from a latest delivery to an end.
+    pub slowest: Duration,
+    /// The updates of one round of the input.
+    pub round_len: usize,
+    /// Replica processes started, replacements included.
+    pub replicas_started: usize,
+}
+
+/// The faults of a run: called by the dispatcher on every turn of its loop.
+pub trait Director {
+    /// May act on the platform (kill, pause or start replicas, add rounds). Returns
+    /// when it wants to be called next (it is called at least once a second anyway).
+    fn tick(&mut self, p: &mut Dispatcher) -> Option<Instant>;
+
+    /// Whether the run may end once every update ended.
+    fn finished(&self) -> bool {
+        true
+    }
+}
+
+/// `--kill-replica-at F`: SIGKILLs one live replica once `after` updates were delivered
+/// for the first time.
+pub struct KillAt {
+    after: Option<usize>,
+    /// The replica it killed, and after how many first deliveries.
+    pub killed: Option<(String, usize)>,
+}
+
+impl Director for KillAt {
+    fn tick(&mut self, p: &mut Dispatcher) -> Option<Instant> {
+        let after = self.after?;
+        if self.killed.is_some() || p.delivered() < after {
+            return None;
+        }
+        let live = p.live();
+        if live.len() < 2 {
+            return None;
+        }
+        let k = p.pick(&live);
+        let delivered = p.delivered();
+        match p.kill(k) {
+            Ok(()) => {
+                eprintln!(
+                    "replay: SIGKILLed replica {} (pid {}) after {delivered} deliveries",
+                    p.name(k),
+                    p.pid(k).unwrap_or(0)
+                );
+                self.killed = Some((p.name(k), delivered));
+            }
+            Err(e) => {
+                p.note(e);
+                self.after = None;
+            }
+        }
+        None
+    }
+}
+
+/// The dispatcher: the platform's state, owned by one thread.
+pub struct Dispatcher {
+    o: Options,
+    settings: RedisSettings,
+    trace: Trace,
+    /// The updates of the first round (the input as read).
+    base_len: usize,
+    /// Rounds of the input in the trace.
+    rounds: i64,
+    pace: Pace,
+    early_duplicates: EarlyDuplicates,
     replicas: Vec<Replica>,
     updates: Vec<Update>,
     chats: Vec<Chat>,
@@ -150,84 +319,139 @@ struct Dispatcher<'a> {
     runs: Vec<Run>,
     waits: Vec<u64>,
     counts: Counts,
+    drops: Vec<DropSeen>,
+    /// (update index, replica, handler start) of every reported handler run: what the
+    /// part files are merged against.
+    reported: HashSet<(usize, usize, u64)>,
+    /// How each replica reported each update it ended: (update index, replica) → end.
+    ended_by: HashMap<(usize, usize), &'static str>,
     start: Instant,
-    lease_ttl: Duration,
-    kill_after: Option<usize>,
-    killed: Option<(String, usize)>,
+    events_tx: Sender<Event>,
+    /// Where part files go: `<base>.<replica>.part`.
+    part_base: PathBuf,
     notes: Vec<String>,
     /// Set once the replicas are asked to stop: exits are expected then.
     stopping: bool,
+    late_after: Duration,
+    late: u64,
+    slowest: Duration,
 }
 
-/// Runs the replay over replica processes.
+/// Runs the replay over replica processes (the replay example's `--processes`).
 ///
 /// # Errors
 /// A message when the input, the log or the replica processes cannot be used.
 pub fn replay(o: &Options, settings: &RedisSettings) -> Result<Summary, String> {
-    let trace = Arc::new(crate::load_trace(o)?);
-    let due = crate::plan(&trace, o)?.due;
-    let names: Arc<[String]> = (1..=o.replicas).map(|i| format!("r{i}")).collect();
+    let trace = common::load_trace(o)?;
+    let pace = match common::due_times(&trace, o)? {
+        Some(times) => Pace::Times(times),
+        None => Pace::Asap,
+    };
+    let total = trace.entries.len();
+    let mut director = KillAt {
+        after: o
+            .kill_replica_at
+            .map(|f| ((f * total as f64).ceil() as usize).min(total)),
+        killed: None,
+    };
+    let f = run(
+        o,
+        settings,
+        trace,
+        (pace, EarlyDuplicates::Retry),
+        &mut director,
+    )?;
+    let mut notes = f.notes;
+    if !f.silent.is_empty() {
+        notes.push(format!(
+            "{} update(s) lost silently (never ended, or answered duplicate with no handled line anywhere), e.g. update_id {}",
+            f.silent.len(),
+            f.silent.first().map_or(0, |s| s.update_id)
+        ));
+    }
+    let total = f.trace.entries.len();
+    Ok(Summary {
+        dropped: f.counts.dropped,
+        duplicates: f.counts.duplicates,
+        failed: f.counts.failed,
+        order_violations: f.order,
+        overlap_violations: f.overlap,
+        token_violations: f.fence,
+        ended_twice: f.counts.ended_twice,
+        handovers: f.handovers,
+        notes: notes.join("; "),
+        redis: Some(RedisFacts {
+            mode: "processes",
+            key_prefix: settings.key_prefix.clone(),
+            lease_ttl_ms: settings.lease_ttl.as_millis(),
+            kill_replica_at: o.kill_replica_at,
+            killed: director.killed,
+            redelivered: f.counts.redelivered,
+            redelivered_handled: f.redelivered_handled,
+            redelivery_retries: f.counts.retries,
+            redelivered_ended_twice: f.counts.redelivered_ended_twice,
+            recovered: f.counts.recovered,
+            silent_losses: f.silent.len() as u64,
+        }),
+        ..Summary::base(o, &f.trace, total, f.wall, f.counts.handled, &f.waits)
+    })
+}
+
+/// Where the part files of a run go when there is no log to put them beside.
+fn temporary_part_base() -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    std::env::temp_dir().join(format!("botmesh-replay-{}-{nanos}", std::process::id()))
+}
+
+/// Runs `trace` through `o.replicas` replica processes, with `director` injecting
+/// faults, until every update ended (and the director is finished), then stops the
+/// replicas, merges their part files and checks the handler runs.
+///
+/// # Errors
+/// A message when the log or the replica processes cannot be used.
+pub fn run(
+    o: &Options,
+    settings: &RedisSettings,
+    trace: Trace,
+    (pace, early_duplicates): (Pace, EarlyDuplicates),
+    director: &mut dyn Director,
+) -> Result<Finished, String> {
     let log = match &o.log {
-        Some(path) => Some(LogWriter::start(path, trace.clone(), names.clone())?),
+        Some(path) => Some(LogWriter::start_records(path)?),
         None => None,
     };
+    let part_base = o.log.clone().unwrap_or_else(temporary_part_base);
 
     let (events_tx, events_rx) = crossbeam_channel::unbounded::<Event>();
     let mut replicas = Vec::with_capacity(o.replicas);
-    for (k, name) in names.iter().enumerate() {
-        match spawn(o, settings, k, name, &events_tx) {
+    for k in 0..o.replicas {
+        let name = format!("r{}", k + 1);
+        let part = parts::path_for(&part_base, &name);
+        match procs::spawn(o, settings, k, &name, &part, &events_tx) {
             Ok(r) => replicas.push(r),
             Err(e) => {
-                stop_all(&mut replicas);
+                procs::stop_all(&mut replicas);
                 return Err(e);
             }
         }
     }
-    drop(events_tx);
-    if let Err(e) = await_ready(&mut replicas, &events_rx) {
-        stop_all(&mut replicas);
+    if let Err(e) = procs::await_ready(&mut replicas, &events_rx) {
+        procs::stop_all(&mut replicas);
         return Err(e);
     }
 
-    let total = trace.entries.len();
     let mut chats: Vec<Chat> = trace.chats.iter().map(|_| Chat::default()).collect();
     for (index, entry) in trace.entries.iter().enumerate() {
         if let Some(chat) = chats.get_mut(entry.chat) {
             chat.updates.push(index);
         }
     }
-    let kill_after = o
-        .kill_replica_at
-        .map(|f| ((f * total as f64).ceil() as usize).min(total));
-    let mut d = Dispatcher {
-        trace: &trace,
-        due,
-        replicas,
-        updates: trace.entries.iter().map(|_| Update::default()).collect(),
-        chats,
-        timers: BinaryHeap::new(),
-        rng: StdRng::seed_from_u64(o.seed),
-        log: log.as_ref().map(LogWriter::sender),
-        runs: Vec::with_capacity(total),
-        waits: Vec::with_capacity(total),
-        counts: Counts::default(),
-        start: Instant::now(),
-        lease_ttl: settings.lease_ttl,
-        kill_after,
-        killed: None,
-        notes: Vec::new(),
-        stopping: false,
-    };
-
-    d.start = Instant::now();
-    d.maybe_kill();
-    for chat in 0..d.chats.len() {
-        d.send_next(chat);
-    }
-    d.flush();
-    let longest_work = (0..total)
-        .filter_map(|i| trace.entries.get(i))
-        .map(|e| crate::work_of(e.update_id, o.seed, o.handler_ms, o.handler_jitter_ms))
+    let longest_work = trace
+        .entries
+        .iter()
+        .map(|e| common::work_of(e.update_id, o.seed, o.handler_ms, o.handler_jitter_ms))
         .max()
         .unwrap_or_default();
     let stall_limit = o
@@ -235,7 +459,43 @@ pub fn replay(o: &Options, settings: &RedisSettings) -> Result<Summary, String> 
         .saturating_add(longest_work)
         .saturating_add(settings.lease_ttl)
         .saturating_add(Duration::from_secs(30));
-    let finished = d.dispatch(&events_rx, stall_limit);
+    let mut d = Dispatcher {
+        o: o.clone(),
+        settings: settings.clone(),
+        base_len: trace.entries.len(),
+        rounds: 1,
+        updates: trace.entries.iter().map(|_| Update::default()).collect(),
+        trace,
+        pace,
+        early_duplicates,
+        replicas,
+        chats,
+        timers: BinaryHeap::new(),
+        rng: StdRng::seed_from_u64(o.seed),
+        log: log.as_ref().map(LogWriter::sender),
+        runs: Vec::new(),
+        waits: Vec::new(),
+        counts: Counts::default(),
+        drops: Vec::new(),
+        reported: HashSet::new(),
+        ended_by: HashMap::new(),
+        start: Instant::now(),
+        events_tx,
+        part_base,
+        notes: Vec::new(),
+        stopping: false,
+        late_after: o.turn_wait.saturating_add(Duration::from_secs(5)),
+        late: 0,
+        slowest: Duration::ZERO,
+    };
+
+    d.start = Instant::now();
+    director.tick(&mut d);
+    for chat in 0..d.chats.len() {
+        d.send_next(chat);
+    }
+    d.flush();
+    let finished = d.dispatch(&events_rx, stall_limit, director);
     let wall = d.start.elapsed();
 
     // Stop the replicas: closing stdin asks for a clean stop.
@@ -251,263 +511,102 @@ pub fn replay(o: &Options, settings: &RedisSettings) -> Result<Summary, String> 
             Duration::ZERO
         },
     );
-    let Dispatcher {
-        mut replicas,
-        mut notes,
-        runs,
-        mut waits,
-        counts,
-        killed,
-        updates,
-        ..
-    } = d;
-    for r in &mut replicas {
+    for r in &mut d.replicas {
         if !r.gone {
             let _ = r.process.kill();
         }
         match r.process.wait() {
             Ok(status) if !status.success() && !r.killed => {
-                notes.push(format!("replica {} exited with {status}", r.name));
+                let note = format!("replica {} exited with {status}", r.name);
+                d.notes.push(note);
             }
             Ok(_) => {}
-            Err(e) => notes.push(format!("cannot wait for replica {}: {e}", r.name)),
+            Err(e) => {
+                let note = format!("cannot wait for replica {}: {e}", r.name);
+                d.notes.push(note);
+            }
         }
         for t in r.threads.drain(..) {
             if t.join().is_err() {
-                notes.push(format!("a thread of replica {} panicked", r.name));
+                let note = format!("a thread of replica {} panicked", r.name);
+                d.notes.push(note);
             }
         }
     }
+    d.merge_parts(o.log.is_none());
+    let silent = d.silent_losses();
+    drop(d.log.take());
     if let Some(log) = log
         && let Err(e) = log.finish()
     {
-        notes.push(e);
+        d.notes.push(e);
     }
 
-    let (order, overlap, fence) = check(runs);
+    let Dispatcher {
+        trace,
+        replicas,
+        notes,
+        runs,
+        mut waits,
+        counts,
+        drops,
+        updates,
+        late,
+        slowest,
+        base_len,
+        ..
+    } = d;
+    let names: Vec<String> = replicas.iter().map(|r| r.name.clone()).collect();
+    let checked = verdict::check(runs, &names, &trace.chats);
     waits.sort_unstable();
     let redelivered_handled = updates
         .iter()
         .filter(|u| u.redelivered && u.handled)
         .count() as u64;
-    Ok(Summary {
-        dropped: counts.dropped,
-        duplicates: counts.duplicates,
-        failed: counts.failed,
-        order_violations: order,
-        overlap_violations: overlap,
-        token_violations: fence,
-        ended_twice: counts.ended_twice,
+    Ok(Finished {
+        trace,
+        wall,
+        counts,
+        order: checked.order,
+        overlap: checked.overlap,
+        fence: checked.fence,
+        violations: checked.examples,
+        violations_at: checked.at,
+        waits,
+        drops,
+        silent,
+        redelivered_handled,
         handovers: replicas.iter().filter_map(|r| r.handovers).sum(),
-        notes: notes.join("; "),
-        redis: Some(RedisFacts {
-            mode: "processes",
-            key_prefix: settings.key_prefix.clone(),
-            lease_ttl_ms: settings.lease_ttl.as_millis(),
-            kill_replica_at: o.kill_replica_at,
-            killed,
-            redelivered: counts.redelivered,
-            redelivered_handled,
-            redelivery_retries: counts.retries,
-            redelivered_ended_twice: counts.redelivered_ended_twice,
-        }),
-        ..Summary::base(o, &trace, total, wall, counts.handled, &waits)
+        notes,
+        stalled: !finished,
+        late,
+        slowest,
+        round_len: base_len,
+        replicas_started: replicas.len(),
     })
 }
 
-/// Starts replica process `k` and its two threads.
-fn spawn(
-    o: &Options,
-    settings: &RedisSettings,
-    k: usize,
-    name: &str,
-    events: &Sender<Event>,
-) -> Result<Replica, String> {
-    let exe = std::env::current_exe()
-        .map_err(|e| format!("cannot find this program to start replica {name}: {e}"))?;
-    let ms = |d: Duration| format!("{}ms", d.as_millis());
-    let mut command = Command::new(exe);
-    command
-        .arg("--child-replica")
-        .arg(name)
-        .args(["--backend", "redis"])
-        .args(["--key-prefix", &settings.key_prefix])
-        .args(["--lease-ttl", &ms(settings.lease_ttl)])
-        .args(["--workers", &o.workers.to_string()])
-        .args(["--senders", &o.senders.to_string()])
-        .args(["--turn-wait", &ms(o.turn_wait)])
-        .args(["--seed", &o.seed.to_string()])
-        .args(["--handler-ms", &o.handler_ms.to_string()])
-        .args(["--handler-jitter-ms", &o.handler_jitter_ms.to_string()])
-        // The URL goes through the environment: it may hold a password, and the
-        // process list shows arguments to every user.
-        .env(REDIS_URL_ENV, &settings.url)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    let mut process = command
-        .spawn()
-        .map_err(|e| format!("cannot start replica {name}: {e}"))?;
-    let (Some(stdin), Some(stdout)) = (process.stdin.take(), process.stdout.take()) else {
-        let _ = process.kill();
-        let _ = process.wait();
-        return Err(format!("replica {name} has no stdin or stdout pipe"));
-    };
-    let (feed_tx, feed_rx) = crossbeam_channel::unbounded::<Vec<u8>>();
-    let mut threads = Vec::with_capacity(2);
-    let spawned = std::thread::Builder::new()
-        .name(format!("replay-feed-{name}"))
-        .spawn(move || feed(&feed_rx, stdin))
-        .and_then(|t| {
-            threads.push(t);
-            let events = events.clone();
-            std::thread::Builder::new()
-                .name(format!("replay-read-{name}"))
-                .spawn(move || read(k, stdout, &events))
-        });
-    match spawned {
-        Ok(t) => threads.push(t),
-        Err(e) => {
-            let _ = process.kill();
-            let _ = process.wait();
-            return Err(format!("cannot start a thread for replica {name}: {e}"));
-        }
-    }
-    Ok(Replica {
-        name: name.to_owned(),
-        process,
-        feed: Some(feed_tx),
-        outgoing: Vec::new(),
-        threads,
-        live: true,
-        gone: false,
-        killed: false,
-        holding: HashSet::new(),
-        handovers: None,
-    })
-}
-
-/// Feeds one replica's stdin: writes the batches of lines the dispatcher hands over.
-/// Ends (closing stdin) when the dispatcher drops the feed, or the replica is gone.
-/// A separate thread, so that the dispatcher never blocks on a full pipe (which could
-/// deadlock with a replica blocked on its own full stdout).
-fn feed(rx: &Receiver<Vec<u8>>, mut stdin: ChildStdin) {
-    while let Ok(batch) = rx.recv() {
-        if stdin.write_all(&batch).is_err() {
-            return;
-        }
-    }
-}
-
-/// Reads one replica's stdout into the dispatcher's queue, as many lines per event as
-/// have arrived, then says it is gone. A last line without its newline (torn by a
-/// SIGKILL) is dropped.
-fn read(k: usize, stdout: ChildStdout, events: &Sender<Event>) {
-    let mut reader = BufReader::with_capacity(1 << 16, stdout);
-    let mut line = String::new();
-    let mut batch = Vec::new();
-    loop {
-        line.clear();
-        match reader.read_line(&mut line) {
-            Ok(0) | Err(_) => break,
-            Ok(_) if !line.ends_with('\n') => break,
-            Ok(_) => {}
-        }
-        batch.push(
-            serde_json::from_str::<FromReplica>(&line)
-                .map_err(|e| format!("{e}: {}", line.trim_end())),
-        );
-        // Hand the batch over before the next read could block.
-        if reader.buffer().is_empty()
-            && events
-                .send(Event::Lines(k, std::mem::take(&mut batch)))
-                .is_err()
-        {
-            return;
-        }
-    }
-    if !batch.is_empty() {
-        let _ = events.send(Event::Lines(k, batch));
-    }
-    let _ = events.send(Event::Gone(k));
-}
-
-/// Waits until every replica said `ready`.
-fn await_ready(replicas: &mut [Replica], events: &Receiver<Event>) -> Result<(), String> {
-    let deadline = Instant::now() + READY_WITHIN;
-    let mut ready = vec![false; replicas.len()];
-    while ready.iter().any(|r| !r) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let name = |k: usize| replicas.get(k).map_or("?", |r| r.name.as_str()).to_owned();
-        match events.recv_timeout(left) {
-            Ok(Event::Lines(k, lines)) => {
-                for line in lines {
-                    match line {
-                        Ok(FromReplica::Ready { .. }) => {
-                            if let Some(r) = ready.get_mut(k) {
-                                *r = true;
-                            }
-                        }
-                        Ok(other) => {
-                            return Err(format!(
-                                "replica {} answered {other:?} before it was ready",
-                                name(k)
-                            ));
-                        }
-                        Err(line) => {
-                            return Err(format!(
-                                "replica {} wrote an unknown line: {line}",
-                                name(k)
-                            ));
-                        }
-                    }
-                }
-            }
-            Ok(Event::Gone(k)) => {
-                let shown = name(k);
-                if let Some(r) = replicas.get_mut(k) {
-                    r.gone = true;
-                }
-                return Err(format!(
-                    "replica {shown} exited before it was ready (its error is above)"
-                ));
-            }
-            Err(RecvTimeoutError::Timeout) => {
-                return Err(format!(
-                    "the replica processes were not ready within {} s",
-                    READY_WITHIN.as_secs()
-                ));
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                return Err("every replica process is gone".to_owned());
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Kills and reaps every replica (after a failed start).
-fn stop_all(replicas: &mut [Replica]) {
-    for r in replicas {
-        r.feed = None;
-        let _ = r.process.kill();
-        let _ = r.process.wait();
-    }
-}
-
-impl Dispatcher<'_> {
-    /// Handles events and timers until every update ended. Returns `false` when the
-    /// run stalled or every replica died.
-    fn dispatch(&mut self, events: &Receiver<Event>, stall_limit: Duration) -> bool {
-        let total = self.updates.len();
+impl Dispatcher {
+    /// Handles events and timers until every update ended and the director is
+    /// finished. Returns `false` when the run stalled or every replica died.
+    fn dispatch(
+        &mut self,
+        events: &Receiver<Event>,
+        stall_limit: Duration,
+        director: &mut dyn Director,
+    ) -> bool {
         let mut last_tick = (Instant::now(), 0usize);
         let mut last_change = Instant::now();
-        while self.counts.ended < total {
+        let mut director_at: Option<Instant> = None;
+        while self.counts.ended < self.updates.len() || !director.finished() {
             let now = Instant::now();
             let next_tick = last_tick.0 + Duration::from_secs(1);
             let mut wake = next_tick;
             if let Some(Reverse((at, _))) = self.timers.peek() {
                 wake = wake.min(*at);
+            }
+            if let Some(at) = director_at {
+                wake = wake.min(at);
             }
             match events.recv_timeout(wake.saturating_duration_since(now)) {
                 Ok(event) => {
@@ -530,12 +629,18 @@ impl Dispatcher<'_> {
             {
                 if let Some(Reverse((_, timer))) = self.timers.pop() {
                     match timer {
-                        Timer::Due(chat) => self.send_next(chat),
+                        Timer::Due(chat) => {
+                            if let Some(c) = self.chats.get_mut(chat) {
+                                c.timer = false;
+                            }
+                            self.send_next(chat);
+                        }
                         Timer::Retry(index) => self.deliver(index),
                     }
                     last_change = now;
                 }
             }
+            director_at = director.tick(self);
             self.flush();
             if now >= next_tick {
                 let ended = self.counts.ended;
@@ -544,22 +649,25 @@ impl Dispatcher<'_> {
                 let in_flight: usize = self.replicas.iter().map(|r| r.holding.len()).sum();
                 let live = self.replicas.iter().filter(|r| r.live).count();
                 eprintln!(
-                    "replay: {:7.1} s  {ended}/{total} ended  {rate:8.0} msg/s  in flight {in_flight}  live replicas {live}  redelivered {}",
+                    "replay: {:7.1} s  {ended}/{} ended  {rate:8.0} msg/s  in flight {in_flight}  live replicas {live}  redelivered {}",
                     now.duration_since(self.start).as_secs_f64(),
+                    self.updates.len(),
                     self.counts.redelivered,
                 );
                 last_tick = (now, ended);
             }
-            if !self.timers.is_empty() {
-                // Waiting for an update's original time, or to retry one, is no stall.
+            if !self.timers.is_empty() || !director.finished() {
+                // Waiting for an update's time, a retry, or a fault to run its course
+                // is no stall.
                 last_change = now;
             }
             if now.duration_since(last_change) > stall_limit {
                 let in_flight: usize = self.replicas.iter().map(|r| r.holding.len()).sum();
                 self.notes.push(format!(
-                    "stalled: nothing happened for {} s; {} of {total} ended, {in_flight} accepted but not ended",
+                    "stalled: nothing happened for {} s; {} of {} ended, {in_flight} accepted but not ended",
                     stall_limit.as_secs(),
-                    self.counts.ended
+                    self.counts.ended,
+                    self.updates.len()
                 ));
                 return false;
             }
@@ -587,352 +695,6 @@ impl Dispatcher<'_> {
             }
         }
     }
-
-    fn name(&self, k: usize) -> String {
-        self.replicas
-            .get(k)
-            .map_or_else(|| format!("#{k}"), |r| r.name.clone())
-    }
-
-    fn on(&mut self, event: Event) {
-        match event {
-            Event::Lines(k, lines) => {
-                for line in lines {
-                    match line {
-                        Ok(msg) => self.on_line(k, msg),
-                        Err(line) => {
-                            let note =
-                                format!("replica {} wrote an unknown line: {line}", self.name(k));
-                            if self.notes.len() < 10 {
-                                self.notes.push(note);
-                            }
-                        }
-                    }
-                }
-            }
-            Event::Gone(k) => self.on_gone(k),
-        }
-    }
-
-    /// Hands each replica's lines of this round to its feed, in one piece.
-    fn flush(&mut self) {
-        for r in &mut self.replicas {
-            if r.outgoing.is_empty() {
-                continue;
-            }
-            let batch = std::mem::take(&mut r.outgoing);
-            if let Some(feed) = &r.feed {
-                // Fails only when the replica is gone; its `Gone` event redelivers.
-                let _ = feed.send(batch);
-            }
-        }
-    }
-
-    fn on_line(&mut self, k: usize, msg: FromReplica) {
-        match msg {
-            FromReplica::Ready { .. } => {}
-            FromReplica::Accepted { index } | FromReplica::Duplicate { index } => {
-                self.answered(k, index);
-            }
-            FromReplica::Refused { index, reason } => {
-                if let Some(r) = self.replicas.get_mut(k) {
-                    r.holding.remove(&index);
-                }
-                let reason = static_reason(&reason);
-                self.end(index, Ending::Dropped(reason));
-                self.answered(k, index);
-            }
-            FromReplica::Ended { index, how } => self.on_ended(k, index, how),
-            FromReplica::Stopped { handovers } => {
-                if let Some(r) = self.replicas.get_mut(k) {
-                    r.handovers = Some(handovers);
-                }
-            }
-        }
-    }
-
-    /// Replica `k` answered the delivery of `index`: the chat's next update may go.
-    fn answered(&mut self, k: usize, index: usize) {
-        let Some(update) = self.updates.get(index) else {
-            return;
-        };
-        if update.sent_to != Some(k) {
-            return; // an answer to an earlier delivery of a redelivered update
-        }
-        let Some(chat) = self.trace.entries.get(index).map(|e| e.chat) else {
-            return;
-        };
-        if let Some(c) = self.chats.get_mut(chat)
-            && c.awaiting == Some(index)
-        {
-            c.awaiting = None;
-            self.send_next(chat);
-        }
-    }
-
-    fn on_ended(&mut self, k: usize, index: usize, how: Ended) {
-        if let Some(r) = self.replicas.get_mut(k) {
-            r.holding.remove(&index);
-        }
-        let now = Instant::now();
-        let Some(update) = self.updates.get(index) else {
-            return;
-        };
-        if matches!(how, Ended::Duplicate)
-            && update.ends == 0
-            && update.retry_until.is_some_and(|until| now < until)
-        {
-            // Most likely the dead replica's claim, still live: try again shortly.
-            let pause =
-                (self.lease_ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
-            self.counts.retries += 1;
-            self.timers
-                .push(Reverse((now + pause, Timer::Retry(index))));
-            return;
-        }
-        let ending = match how {
-            Ended::Handled {
-                replica: _,
-                fence,
-                start_us,
-                end_us,
-                waited_ns,
-            } => {
-                if let Some(entry) = self.trace.entries.get(index) {
-                    self.runs.push(Run {
-                        chat: entry.chat,
-                        message_id: entry.message_id,
-                        replica: k,
-                        fence,
-                        start_us,
-                        end_us,
-                        redelivered: update.redelivered,
-                    });
-                }
-                self.waits.push(waited_ns);
-                Ending::Handled {
-                    replica: k,
-                    fence,
-                    start_us,
-                    end_us,
-                }
-            }
-            Ended::Dropped { reason } => Ending::Dropped(static_reason(&reason)),
-            Ended::Duplicate => Ending::Duplicate,
-            Ended::Failed { error } => Ending::Failed(error),
-        };
-        self.end(index, ending);
-    }
-
-    /// Records that `index` ended.
-    fn end(&mut self, index: usize, ending: Ending) {
-        let Some(update) = self.updates.get_mut(index) else {
-            return;
-        };
-        let c = &mut self.counts;
-        match &ending {
-            Ending::Handled { .. } => {
-                c.handled += 1;
-                update.handled = true;
-            }
-            Ending::Dropped(reason) => {
-                let i = REASONS
-                    .iter()
-                    .position(|r| r == reason)
-                    .unwrap_or(REASONS.len() - 1);
-                if let Some(n) = c.dropped.get_mut(i) {
-                    *n += 1;
-                }
-            }
-            Ending::Duplicate => c.duplicates += 1,
-            Ending::Failed(_) => c.failed += 1,
-        }
-        update.ends += 1;
-        if update.ends == 1 {
-            c.ended += 1;
-        } else if update.redelivered {
-            c.redelivered_ended_twice += 1;
-        } else {
-            c.ended_twice += 1;
-        }
-        if let Some(log) = &self.log {
-            let _ = log.send(LogMsg::Ended {
-                index,
-                ending,
-                redelivered: update.redelivered,
-            });
-        }
-    }
-
-    /// Replica `k`'s stdout ended: every update it held goes to another replica.
-    fn on_gone(&mut self, k: usize) {
-        let now = Instant::now();
-        let (held, expected) = match self.replicas.get_mut(k) {
-            Some(r) => {
-                r.gone = true;
-                r.live = false;
-                r.feed = None;
-                r.outgoing.clear();
-                let mut held: Vec<usize> = r.holding.drain().collect();
-                held.sort_unstable();
-                (held, r.killed || self.stopping)
-            }
-            None => return,
-        };
-        if !expected {
-            self.notes
-                .push(format!("replica {} exited unexpectedly", self.name(k)));
-        }
-        if self.stopping {
-            // After a clean run nothing is held here; after a stall, the stuck updates
-            // are already counted in the stall note.
-            return;
-        }
-        // Its claims and leases lapse at most one TTL after its last renewal.
-        let until = now + self.lease_ttl + Duration::from_secs(1);
-        for index in held {
-            if let Some(update) = self.updates.get_mut(index) {
-                if !update.redelivered {
-                    self.counts.redelivered += 1;
-                }
-                update.redelivered = true;
-                update.retry_until = Some(until);
-            }
-            self.deliver(index);
-        }
-    }
-
-    /// Sends the chat's next update, unless it waits for an answer or its time.
-    fn send_next(&mut self, chat: usize) {
-        let Some(c) = self.chats.get(chat) else {
-            return;
-        };
-        if c.awaiting.is_some() {
-            return;
-        }
-        let Some(&index) = c.updates.get(c.next) else {
-            return;
-        };
-        if let Some(at) = self
-            .due
-            .as_ref()
-            .and_then(|due| due.get(index))
-            .and_then(|d| self.start.checked_add(*d))
-            && at > Instant::now()
-        {
-            // At most one such timer per chat: nothing else sends while it waits.
-            self.timers.push(Reverse((at, Timer::Due(chat))));
-            return;
-        }
-        if let Some(c) = self.chats.get_mut(chat) {
-            c.next += 1;
-            c.awaiting = Some(index);
-        }
-        self.counts.delivered += 1;
-        self.deliver(index);
-        self.maybe_kill();
-    }
-
-    /// Sends update `index` to a live replica drawn at random.
-    fn deliver(&mut self, index: usize) {
-        let live: Vec<usize> = (0..self.replicas.len())
-            .filter(|&k| self.replicas.get(k).is_some_and(|r| r.live))
-            .collect();
-        if live.is_empty() {
-            if !self.notes.iter().any(|n| n.starts_with("no live replica")) {
-                self.notes
-                    .push("no live replica left; the remaining updates were dropped".to_owned());
-            }
-            self.end(index, Ending::Dropped("backend"));
-            if let Some(chat) = self.trace.entries.get(index).map(|e| e.chat)
-                && let Some(c) = self.chats.get_mut(chat)
-                && c.awaiting == Some(index)
-            {
-                // The chat's next update goes on the next turn of the loop (not by
-                // recursion, which a long chat would run deep).
-                c.awaiting = None;
-                self.timers
-                    .push(Reverse((Instant::now(), Timer::Due(chat))));
-            }
-            return;
-        }
-        let k = live
-            .get(self.rng.gen_range(0..live.len()))
-            .copied()
-            .unwrap_or(0);
-        let Some(entry) = self.trace.entries.get(index) else {
-            return;
-        };
-        let line = serde_json::to_vec(&ToReplica::Deliver {
-            index,
-            update_id: entry.update_id,
-            chat: self
-                .trace
-                .chats
-                .get(entry.chat)
-                .cloned()
-                .unwrap_or_default(),
-            message_id: entry.message_id,
-            text: entry.text.clone(),
-            date: entry.date,
-        });
-        let Ok(line) = line else {
-            self.end(
-                index,
-                Ending::Failed("cannot encode the delivery".to_owned()),
-            );
-            return;
-        };
-        if let Some(update) = self.updates.get_mut(index) {
-            update.sent_to = Some(k);
-        }
-        if let Some(r) = self.replicas.get_mut(k) {
-            r.holding.insert(index);
-            r.outgoing.extend_from_slice(&line);
-            r.outgoing.push(b'\n');
-        }
-    }
-
-    /// SIGKILLs one live replica once enough updates were delivered.
-    fn maybe_kill(&mut self) {
-        let Some(after) = self.kill_after else {
-            return;
-        };
-        if self.killed.is_some() || self.counts.delivered < after {
-            return;
-        }
-        let live: Vec<usize> = (0..self.replicas.len())
-            .filter(|&k| self.replicas.get(k).is_some_and(|r| r.live))
-            .collect();
-        if live.len() < 2 {
-            return;
-        }
-        let k = live
-            .get(self.rng.gen_range(0..live.len()))
-            .copied()
-            .unwrap_or(0);
-        let delivered = self.counts.delivered;
-        if let Some(r) = self.replicas.get_mut(k) {
-            // `Child::kill` is SIGKILL on Unix: no clean stop, no release.
-            match r.process.kill() {
-                Ok(()) => {
-                    r.live = false;
-                    r.killed = true;
-                    eprintln!(
-                        "replay: SIGKILLed replica {} (pid {}) after {delivered} deliveries",
-                        r.name,
-                        r.process.id()
-                    );
-                    self.killed = Some((r.name.clone(), delivered));
-                }
-                Err(e) => {
-                    let note = format!("cannot kill replica {}: {e}", r.name);
-                    self.notes.push(note);
-                    self.kill_after = None;
-                }
-            }
-        }
-    }
 }
 
 /// botmesh's drop reasons as the static strings the log and the counts use.
@@ -942,38 +704,4 @@ fn static_reason(reason: &str) -> &'static str {
         .find(|r| **r == reason)
         .copied()
         .unwrap_or("unknown")
-}
-
-/// The cross-process checks over every handler run: (order, overlap, fencing)
-/// violations.
-fn check(mut runs: Vec<Run>) -> (u64, u64, u64) {
-    runs.sort_unstable_by_key(|r| (r.chat, r.start_us, r.end_us));
-    let (mut order, mut overlap, mut fence) = (0, 0, 0);
-    let mut i = 0;
-    while i < runs.len() {
-        let chat = runs.get(i).map_or(0, |r| r.chat);
-        let mut last_message: Option<i64> = None;
-        let mut last_end: u64 = 0;
-        let mut last_fence: Option<(u64, usize)> = None;
-        while let Some(r) = runs.get(i).filter(|r| r.chat == chat) {
-            if r.start_us < last_end {
-                overlap += 1;
-            }
-            last_end = last_end.max(r.end_us);
-            if !r.redelivered {
-                if last_message.is_some_and(|m| r.message_id <= m) {
-                    order += 1;
-                }
-                last_message = Some(r.message_id);
-            }
-            if let Some((token, replica)) = last_fence
-                && (r.fence < token || (r.fence == token && r.replica != replica))
-            {
-                fence += 1;
-            }
-            last_fence = Some((r.fence, r.replica));
-            i += 1;
-        }
-    }
-    (order, overlap, fence)
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::data::Trace;
 
@@ -46,8 +46,109 @@ pub enum LogMsg {
         /// Whether the platform delivered it again after a replica died with it.
         redelivered: bool,
     },
+    /// A line the sender wrote out in full (the platform of replica processes, whose
+    /// trace may grow and whose replicas come and go).
+    Record(LogRecord),
     /// Everything has ended: flush and stop.
     Finish,
+}
+
+/// One line of the `--log` file with every field owned: what the platform of replica
+/// processes sends, and what a replica process appends to its own part file (a
+/// `handled` line, written before the handler returns; see `replay/parts.rs`). The same
+/// shape as the lines the in-process replay writes, plus optional fields a checker of a
+/// faulty run needs: `recovered` (a `handled` line the platform took from the replica's
+/// part file because the replica never reported it), and on `dropped` lines the replica
+/// that reported the drop and when the platform heard of it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum LogRecord {
+    /// The handler ran under the chat's turn.
+    Handled {
+        /// The Telegram `update_id`.
+        update_id: i64,
+        /// The chat id.
+        chat: String,
+        /// The message id.
+        message_id: i64,
+        /// The replica that ran the handler.
+        replica: String,
+        /// The turn's fencing token.
+        fence: u64,
+        /// Handler start, µs since the Unix epoch.
+        start_us: u64,
+        /// Handler end, µs since the Unix epoch.
+        end_us: u64,
+        /// Delivered again after a replica died with it.
+        #[serde(default, skip_serializing_if = "is_false")]
+        redelivered: bool,
+        /// Known only from the replica's part file.
+        #[serde(default, skip_serializing_if = "is_false")]
+        recovered: bool,
+    },
+    /// A handler run that a replica's part file shows but that the same replica
+    /// reported as ending otherwise (`reported`: e.g. `lost`): the handler ran to its
+    /// end, and its turn was lost meanwhile or before the release (a replica paused
+    /// past its lease, say). Not a `handled` end: the update ended as reported.
+    Ran {
+        /// The Telegram `update_id`.
+        update_id: i64,
+        /// The chat id.
+        chat: String,
+        /// The message id.
+        message_id: i64,
+        /// The replica that ran the handler.
+        replica: String,
+        /// The turn's fencing token.
+        fence: u64,
+        /// Handler start, µs since the Unix epoch.
+        start_us: u64,
+        /// Handler end, µs since the Unix epoch.
+        end_us: u64,
+        /// How the replica reported the update's end.
+        reported: String,
+        /// Delivered again after a replica died with it.
+        #[serde(default, skip_serializing_if = "is_false")]
+        redelivered: bool,
+    },
+    /// Not handled.
+    Dropped {
+        /// The Telegram `update_id`.
+        update_id: i64,
+        /// The chat id.
+        chat: String,
+        /// botmesh's reason.
+        reason: String,
+        /// Delivered again after a replica died with it.
+        #[serde(default, skip_serializing_if = "is_false")]
+        redelivered: bool,
+        /// The replica that reported it (absent when no replica could take it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        replica: Option<String>,
+        /// When the platform heard of it, µs since the Unix epoch.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at_us: Option<u64>,
+    },
+    /// A second delivery of a message id that was skipped.
+    Duplicate {
+        /// The Telegram `update_id`.
+        update_id: i64,
+        /// Delivered again after a replica died with it.
+        #[serde(default, skip_serializing_if = "is_false")]
+        redelivered: bool,
+    },
+    /// The handler returned an error or panicked.
+    Failed {
+        /// The Telegram `update_id`.
+        update_id: i64,
+        /// The chat id.
+        chat: String,
+        /// The error text.
+        error: String,
+        /// Delivered again after a replica died with it.
+        #[serde(default, skip_serializing_if = "is_false")]
+        redelivered: bool,
+    },
 }
 
 /// One line of the `--log` file, in the shape of issue 2, item 6, plus
@@ -129,6 +230,14 @@ impl LogWriter {
         Ok(LogWriter { tx, thread })
     }
 
+    /// A log for a sender that writes whole [`LogRecord`]s and needs no lookups.
+    ///
+    /// # Errors
+    /// As [`LogWriter::start`].
+    pub fn start_records(path: &Path) -> Result<LogWriter, String> {
+        LogWriter::start(path, Arc::new(Trace::default()), Arc::from(Vec::new()))
+    }
+
     /// A handle the hooks send endings through.
     pub fn sender(&self) -> Sender<LogMsg> {
         self.tx.clone()
@@ -159,6 +268,20 @@ fn write_log(
     for msg in rx {
         let (index, ending, redelivered) = match msg {
             LogMsg::Finish => break,
+            LogMsg::Record(record) => {
+                if failure.is_none() {
+                    let written = serde_json::to_writer(&mut out, &record)
+                        .map_err(std::io::Error::from)
+                        .and_then(|()| out.write_all(b"\n"));
+                    match written {
+                        Ok(()) => lines += 1,
+                        Err(e) => {
+                            failure = Some(format!("--log: cannot write {}: {e}", path.display()));
+                        }
+                    }
+                }
+                continue;
+            }
             LogMsg::Ended {
                 index,
                 ending,
@@ -305,7 +428,7 @@ impl Summary {
         let us = |q: f64| percentile(sorted_waits_ns, q).map(|ns| ns as f64 / 1000.0);
         let wall_s = wall.as_secs_f64();
         Summary {
-            updates_path: crate::shown_path(o),
+            updates_path: crate::common::shown_path(o),
             backend: o.backend.clone(),
             replicas: o.replicas,
             workers: o.workers,
@@ -356,6 +479,11 @@ pub struct RedisFacts {
     pub redelivery_retries: u64,
     /// Redelivered updates that ended more than once (allowed: at-least-once).
     pub redelivered_ended_twice: u64,
+    /// `handled` lines taken from the replicas' part files that no replica reported.
+    pub recovered: u64,
+    /// Updates that never ended, or ended only as `duplicate` with no `handled` line
+    /// anywhere.
+    pub silent_losses: u64,
 }
 
 impl Summary {
@@ -452,8 +580,14 @@ impl Summary {
                 };
                 s.push_str(&format!(
                     "  killed       {killed}\n  \
-                     redelivered  {} (handled {}, retried after a duplicate answer {}, ended twice {})\n",
-                    r.redelivered, r.redelivered_handled, r.redelivery_retries, r.redelivered_ended_twice
+                     redelivered  {} (handled {}, retried after a duplicate answer {}, ended twice {})\n  \
+                     part files   {} handled line(s) recovered, {} silent loss(es)\n",
+                    r.redelivered,
+                    r.redelivered_handled,
+                    r.redelivery_retries,
+                    r.redelivered_ended_twice,
+                    r.recovered,
+                    r.silent_losses
                 ));
             }
         }
@@ -528,6 +662,8 @@ impl Summary {
                 redelivered: processes.map(|r| r.redelivered),
                 redelivered_handled: processes.map(|r| r.redelivered_handled),
                 redelivery_retries: processes.map(|r| r.redelivery_retries),
+                recovered: processes.map(|r| r.recovered),
+                silent_losses: processes.map(|r| r.silent_losses),
             },
         };
         serde_json::to_string(&record)
@@ -594,6 +730,10 @@ struct Extra<'a> {
     redelivered_handled: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     redelivery_retries: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recovered: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    silent_losses: Option<u64>,
 }
 
 #[derive(Serialize)]
