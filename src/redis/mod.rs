@@ -50,8 +50,10 @@
 //! Each replica has one subscriber thread on its wake channel; a lost wake-up (killed
 //! connection, Redis restart) is covered by the `check` in the next renewal tick.
 //! Connections are pooled and reused; a call that fails on a broken connection is
-//! retried once on a fresh one (all scripts are safe to repeat, except that a
-//! repeated `release` may answer `lost` for a release that had in fact succeeded).
+//! retried once on a fresh one. All scripts are safe to repeat: a repeated `release`
+//! of a handled message recognises its own first run by the claim (`!` and the
+//! ticket); one without a message id may still answer `lost` for a release that had
+//! in fact succeeded.
 //!
 //! Round trips per message: 2 when the chat is free (enqueue, release), plus the pub/sub
 //! push when it has to wait. Renewal: 1 per tick per replica, whatever it holds.

@@ -7,7 +7,8 @@
 --               in this chat, refreshed by its renewals (one field per replica, so a
 --               deep queue costs the renewal tick nothing more)
 --   l  last:    STRING k NUL r (last token and replica); PX = history
---   m  claim:   STRING the message id's claimant ticket, or "!" once handled
+--   m  claim:   STRING the message id's claimant ticket, or "!" and the ticket that
+--               handled it (so a retried release after a lost reply is recognised)
 -- A ticket is "<seq>:<replica>". Times are Redis TIME in microseconds. Every
 -- redis.call costs about a microsecond, so the uncontended paths make few.
 local SEP = '\0'

@@ -21,7 +21,7 @@ if queued > 0 and redis.call('LPOS', q, t) then return {'queued'} end
 local now = nil
 if m then
   local c = redis.call('GET', m)
-  if c == '!' then return {'duplicate'} end
+  if c and string.byte(c, 1) == 33 then return {'duplicate'} end
   if c and c ~= t then
     -- Claimed by a live delivery not handled yet: ask again later (it may die).
     if hv and hv[1] == c then return {'inflight'} end
@@ -55,10 +55,12 @@ local hv = holder(h)
 if not hv or hv[1] ~= t or hv[2] ~= ARGV[6] then
   -- Not ours any more. If the lease simply expired, move the chat on.
   if not hv then settle(h, q, w, l, chat, ttl, hist, wake, never) end
+  -- A retry of this very release whose reply was lost: the claim says so.
+  if m and redis.call('GET', m) == '!' .. t then return {'released'} end
   return {'lost'}
 end
 redis.call('DEL', h)
-if m and redis.call('GET', m) == t then redis.call('SET', m, '!', 'KEEPTTL') end
+if m and redis.call('GET', m) == t then redis.call('SET', m, '!' .. t, 'KEEPTTL') end
 local g = settle(h, q, w, l, chat, ttl, hist, wake, function(x, r) return r == me end)
 if g and g[5] == me then return {'released', g[1], g[2], g[3], g[4]} end
 return {'released'}

@@ -85,6 +85,11 @@ pub(crate) struct Inner {
     /// How long a pushed grant (heard of after the fact) is trusted before the next
     /// renewal confirms it: two thirds of the TTL, less the drift allowance.
     pushed: Duration,
+    /// When the renewal thread last started a tick ([`clock_ns`]). A grant pushed
+    /// while it has been silent for over a renewal period may have sat unread while
+    /// this process was paused or starved, and lapsed meanwhile: it is confirmed with
+    /// one renewal round trip before a handler may act on it.
+    pub(super) last_tick: AtomicU64,
     /// Where "now" comes from: real, or fake in tests.
     pub(super) clock: Clock,
     /// The last ticket sequence number handed out.
@@ -140,6 +145,7 @@ impl Inner {
             ttl,
             trusted: ttl.saturating_sub(drift),
             pushed: pushed_lease(ttl).saturating_sub(drift),
+            last_tick: AtomicU64::new(clock_ns(clock.now())),
             clock,
             // Tickets of a restarted replica that reuses its id must not repeat the
             // dead incarnation's: start from the wall clock in ns.
@@ -452,8 +458,40 @@ impl Inner {
         }
         match self.take_waiter(grant.ticket.seq) {
             Some(w) => {
-                let valid = self.clock.now() + self.pushed;
-                self.grant_to(w, grant, true, valid);
+                let now = self.clock.now();
+                let silent = clock_ns(now).saturating_sub(self.last_tick.load(Ordering::Acquire));
+                let stalled = u128::from(silent) > super::lease::period(self.ttl).as_nanos();
+                if !stalled {
+                    return self.grant_to(w, grant, true, now + self.pushed);
+                }
+                // Possibly read long after it was sent: ask the backend.
+                let lease = HeldLease {
+                    chat,
+                    ticket: &grant.ticket,
+                    token: grant.token,
+                };
+                match self.coordinator.renew(&self.id, std::slice::from_ref(&lease), &[]) {
+                    Ok(r) if r.held.first() == Some(&true) => {
+                        self.grant_to(w, grant, true, now + self.trusted);
+                    }
+                    answer => {
+                        if answer.is_err() {
+                            inc(&self.metrics.backend_errors);
+                        }
+                        // Lapsed unread (or unconfirmable): its place is gone; running
+                        // it now could break its chat's order or overlap a newer turn.
+                        log::warn!(target: "botmesh::replica", "grant {} on chat {chat:?} lapsed before it could be used", grant.ticket);
+                        if !is_reserved(&w.chat) {
+                            inc(&self.metrics.lost);
+                        }
+                        self.release_ghost(chat, &grant);
+                        (w.on_grant)(Err(NoTurn::Failed(CoordinationUnavailableError::new(
+                            Reason::Lost,
+                            shown_chat(&w.chat),
+                            w.message_id.as_deref(),
+                        ))));
+                    }
+                }
             }
             None => {
                 // The same grant reached us twice (a push, a release's reply, the

@@ -13,10 +13,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::client::{Inner, NoTurn};
-use super::lease::{TurnState, period};
+use super::lease::{TurnState, clock_ns, period};
 use super::names::{is_reserved, shown_chat};
 use super::waiters::PlacedWaiter;
 use crate::coordinator::{EnqueueRequest, Enqueued, HeldLease, Ticket, TicketState, Waiting};
+use crate::error::{CoordinationUnavailableError, Reason};
 use crate::metrics::{dec, inc};
 
 /// Runs ticks until the replica stops: every half renewal period (TTL/6), a re-check
@@ -84,6 +85,11 @@ impl Inner {
     }
 
     fn tick(self: &Arc<Self>, last_ok: &mut Instant, renew_held: bool) {
+        self.last_tick
+            .store(clock_ns(self.clock.now()), std::sync::atomic::Ordering::Release);
+        // Silent for longer than a lease (paused, or the backend unreachable): this
+        // replica's liveness may have lapsed at the backend, and its tickets with it.
+        let lapsed = self.clock.now().saturating_duration_since(*last_ok) > self.trusted;
         let held: Vec<Arc<TurnState>> = if renew_held {
             self.held.lock().values().cloned().collect()
         } else {
@@ -112,7 +118,7 @@ impl Inner {
                         self.mark_lost(state, "renewal refused");
                     }
                 }
-                self.apply_recheck(&waiters, renewal.waiting);
+                self.apply_recheck(&waiters, renewal.waiting, lapsed);
                 self.retry_in_flight();
                 self.bury_ghosts();
                 self.release_suspects();
@@ -210,7 +216,12 @@ impl Inner {
 
     /// Acts on the re-check's findings: grants found are delivered (a lost wake-up),
     /// tickets the backend lost are enqueued again.
-    fn apply_recheck(self: &Arc<Self>, waiters: &[PlacedWaiter], states: Vec<TicketState>) {
+    fn apply_recheck(
+        self: &Arc<Self>,
+        waiters: &[PlacedWaiter],
+        states: Vec<TicketState>,
+        lapsed: bool,
+    ) {
         for ((chat, seq, _), state) in waiters.iter().zip(states) {
             match state {
                 TicketState::Granted(grant) => self.deliver(chat, grant),
@@ -226,6 +237,16 @@ impl Inner {
                         continue;
                     }
                     let placed = self.waiting.lock().placed_on(chat);
+                    if lapsed {
+                        // Skipped because this replica's liveness lapsed (it was paused
+                        // or cut off for longer than a lease): later messages of the
+                        // chat may have run since, so running these now would break
+                        // the chat's order. They are reported lost instead.
+                        for (_, seq, _) in placed {
+                            self.report_lost(seq);
+                        }
+                        continue;
+                    }
                     for (chat, seq, id) in placed {
                         self.requeue(&chat, seq, id.as_deref());
                     }
@@ -296,6 +317,22 @@ impl Inner {
                 message_id: id.as_deref(),
                 wait,
             });
+        }
+    }
+
+    /// Ends a waiting ticket with `lost`: it lost its place in the queue.
+    fn report_lost(self: &Arc<Self>, seq: u64) {
+        if let Some(w) = self.take_waiter(seq) {
+            if !is_reserved(&w.chat) {
+                inc(&self.metrics.lost);
+            }
+            let err = CoordinationUnavailableError::new(
+                Reason::Lost,
+                shown_chat(&w.chat),
+                w.message_id.as_deref(),
+            );
+            log::warn!(target: "botmesh::replica", "{err}: its ticket lapsed while this replica was out of touch");
+            (w.on_grant)(Err(NoTurn::Failed(err)));
         }
     }
 }
