@@ -111,9 +111,14 @@ pub enum TicketState {
     Granted(Grant),
     /// Still in the queue.
     Waiting,
-    /// Neither queued nor holding: the backend lost it (a restart without persistence,
-    /// or its liveness lapsed). The replica enqueues it again.
+    /// Neither queued nor holding, and the backend has no trace of it: it lost its data
+    /// (a restart without persistence). The replica enqueues it again.
     Gone,
+    /// Skipped at hand-over because its replica's liveness had lapsed (the replica was
+    /// paused or cut off for longer than a lease): it lost its place, and later messages
+    /// of the chat may have run since. The replica reports it `lost` rather than
+    /// queueing it again, which would break the chat's order.
+    Lapsed,
 }
 
 /// The answer to [`Coordinator::renew`].
@@ -171,7 +176,8 @@ impl std::error::Error for BackendError {}
 
 /// The backend shared by the replicas of one bot.
 ///
-/// Implementations: [`MemoryCoordinator`](crate::MemoryCoordinator) (one process).
+/// Implementations: [`MemoryCoordinator`](crate::MemoryCoordinator) (one process) and
+/// `RedisCoordinator` (feature `redis`; many processes).
 /// Every method may block on I/O but never for longer than the backend's own timeouts;
 /// none may block waiting for a turn (waiting is the runtime's job).
 ///
@@ -232,7 +238,7 @@ pub trait Coordinator: Send + Sync + 'static {
     /// [`BackendError`] when the backend cannot be reached; leases then expire by TTL.
     fn detach(&self, replica: &ReplicaId, held: &[HeldLease<'_>]) -> Result<(), BackendError>;
 
-    /// Places a ticket in its chat's queue (see the module docs, rule 1).
+    /// Places a ticket in its chat's queue (see the protocol above, rule 1).
     ///
     /// # Errors
     /// [`BackendError`] when the backend cannot be reached; the ticket may or may not

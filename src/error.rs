@@ -39,7 +39,7 @@ impl fmt::Display for Reason {
 }
 
 /// A message that could not be handled under its chat's turn, reported once through
-/// the bot's error hook and the log (SPEC §7).
+/// the bot's error hook and the log.
 #[derive(Clone, Debug)]
 pub struct CoordinationUnavailableError {
     /// Why.

@@ -1,4 +1,4 @@
-//! Counters and gauges an operator can read (SPEC §7).
+//! Counters and gauges an operator can read.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

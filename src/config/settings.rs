@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::duration::{self, Any, LeaseTtl, TurnWait};
 use super::error::ConfigError;
 
-/// How a bot runs as one of N replicas sharing a coordinator (SPEC §2).
+/// How a bot runs as one of N replicas sharing a coordinator.
 ///
 /// [`CoordinationConfig`] gathers the backend the replicas share (the
 /// [`coordinator`](CoordinationConfig::coordinator)) and the timings and policies of

@@ -415,8 +415,10 @@ impl Shard {
         w: &Waiting<'_>,
         pushes: &mut Pushes,
     ) -> TicketState {
+        // This backend never loses data: a ticket it does not know was skipped (its
+        // replica's liveness lapsed) or already resolved.
         let Some(chat) = self.chats.get_mut(w.chat) else {
-            return TicketState::Gone;
+            return TicketState::Lapsed;
         };
         if let Some(g) = settle(env, chat)
             && &g.ticket != w.ticket
@@ -426,7 +428,7 @@ impl Shard {
         let state = match chat.holder.as_ref() {
             Some(h) if &h.ticket == w.ticket => TicketState::Granted(grant_of(h)),
             _ if chat.queue.iter().any(|q| &q.ticket == w.ticket) => TicketState::Waiting,
-            _ => TicketState::Gone,
+            _ => TicketState::Lapsed,
         };
         self.drop_if_idle(env, w.chat);
         state

@@ -29,7 +29,10 @@
 //! - `renew` and `check`: the renewal tick sends one pipeline (one round trip) with a
 //!   `renew` per held lease (`PEXPIRE` if still ours) and a `check` per chat the
 //!   replica waits on, for its earliest ticket there (refresh the liveness of all its
-//!   tickets in the chat, replace an expired holder, report granted / waiting / gone).
+//!   tickets in the chat, replace an expired holder, report granted / waiting /
+//!   lapsed (skipped because the replica's liveness lapsed: reported `lost`, never
+//!   re-queued, which would break the chat's order) / gone (no trace: lost with the
+//!   data, re-queued)).
 //!   A backlog of queued messages therefore adds nothing to a tick.
 //! - `cancel`: take a ticket whose wait ran out out of the queue (or report that it was
 //!   granted meanwhile) and give up its message claim.
@@ -495,7 +498,7 @@ impl Coordinator for RedisCoordinator {
         self.subscribers.lock().insert(replica.clone(), sub);
         // Grants can only be pushed once the subscription is live.
         if ready_rx
-            .recv_timeout(self.options.command_timeout * 2)
+            .recv_timeout((self.options.command_timeout * 2).max(Duration::from_secs(2)))
             .is_err()
         {
             self.stop_subscriber(replica);
@@ -675,6 +678,7 @@ impl Coordinator for RedisCoordinator {
             out.waiting.push(match reply.first().map(String::as_str) {
                 Some("granted") => TicketState::Granted(grant_from(&reply)?),
                 Some("waiting") => TicketState::Waiting,
+                Some("lapsed") => TicketState::Lapsed,
                 _ => TicketState::Gone,
             });
         }

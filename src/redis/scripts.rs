@@ -84,6 +84,9 @@ if redis.call('LPOS', q, t) then
   touch(q, w, ttl)
   return {'waiting'}
 end
+-- Skipped after its replica's liveness lapsed (its field is still here), or lost with
+-- the data (no trace of the replica in this chat).
+if redis.call('HEXISTS', w, replica_of(t)) == 1 then return {'lapsed'} end
 return {'gone'}
 "#;
 

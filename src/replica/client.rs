@@ -470,7 +470,10 @@ impl Inner {
                     ticket: &grant.ticket,
                     token: grant.token,
                 };
-                match self.coordinator.renew(&self.id, std::slice::from_ref(&lease), &[]) {
+                match self
+                    .coordinator
+                    .renew(&self.id, std::slice::from_ref(&lease), &[])
+                {
                     Ok(r) if r.held.first() == Some(&true) => {
                         self.grant_to(w, grant, true, now + self.trusted);
                     }

@@ -304,3 +304,38 @@ fn a_renewal_late_by_less_than_the_ttl_keeps_the_lease() {
     t.release().expect("still held");
     assert_eq!(r.metrics.snapshot().lost, 0);
 }
+
+/// A replica paused past its liveness comes back to find its queued ticket skipped and
+/// a later message of the chat handled meanwhile. Queueing its ticket again would run
+/// it after that later one (FIFO broken); it is reported `lost` instead.
+#[test]
+fn a_ticket_skipped_while_its_replica_was_paused_is_reported_not_requeued() {
+    let w = World::new();
+    let h = w.replica("h");
+    let r = w.replica("r");
+    let x = w.replica("x");
+    let h_turn = turn(&take(&h, "chat", None));
+    let early = take(&r, "chat", Some("m1"));
+    // r is paused (no ticks) past its liveness; h and x go on renewing.
+    w.clock.advance(Duration::from_secs(6));
+    tick(&h);
+    let later = take(&x, "chat", Some("m2"));
+    w.clock.advance(Duration::from_secs(6));
+    tick(&h);
+    tick(&x);
+    h_turn.release().expect("h releases");
+    // r's ticket was skipped: x's later message holds the chat.
+    let x_turn = turn(&later);
+    x_turn.release().expect("x releases");
+    // r runs again: its ticket lost its place.
+    tick(&r);
+    match early.try_recv() {
+        Ok(Err(NoTurn::Failed(e))) => assert_eq!(e.reason, crate::Reason::Lost),
+        other => panic!("expected the skipped message reported lost, got {other:?}"),
+    }
+    assert_eq!(
+        w.backend.inner.active_chats(),
+        0,
+        "nothing was queued again"
+    );
+}

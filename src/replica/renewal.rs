@@ -44,7 +44,11 @@ pub(crate) fn renewal_loop(inner: &Arc<Inner>) {
         }
         let started = Instant::now();
         // A tick that fell far behind (a paused process) starts the schedule afresh.
-        next = if started > next + half { started + half } else { next + half };
+        next = if started > next + half {
+            started + half
+        } else {
+            next + half
+        };
         if renew {
             inner.renew_once(&mut last_ok);
         } else {
@@ -85,11 +89,10 @@ impl Inner {
     }
 
     fn tick(self: &Arc<Self>, last_ok: &mut Instant, renew_held: bool) {
-        self.last_tick
-            .store(clock_ns(self.clock.now()), std::sync::atomic::Ordering::Release);
-        // Silent for longer than a lease (paused, or the backend unreachable): this
-        // replica's liveness may have lapsed at the backend, and its tickets with it.
-        let lapsed = self.clock.now().saturating_duration_since(*last_ok) > self.trusted;
+        self.last_tick.store(
+            clock_ns(self.clock.now()),
+            std::sync::atomic::Ordering::Release,
+        );
         let held: Vec<Arc<TurnState>> = if renew_held {
             self.held.lock().values().cloned().collect()
         } else {
@@ -118,7 +121,7 @@ impl Inner {
                         self.mark_lost(state, "renewal refused");
                     }
                 }
-                self.apply_recheck(&waiters, renewal.waiting, lapsed);
+                self.apply_recheck(&waiters, renewal.waiting);
                 self.retry_in_flight();
                 self.bury_ghosts();
                 self.release_suspects();
@@ -216,16 +219,24 @@ impl Inner {
 
     /// Acts on the re-check's findings: grants found are delivered (a lost wake-up),
     /// tickets the backend lost are enqueued again.
-    fn apply_recheck(
-        self: &Arc<Self>,
-        waiters: &[PlacedWaiter],
-        states: Vec<TicketState>,
-        lapsed: bool,
-    ) {
+    fn apply_recheck(self: &Arc<Self>, waiters: &[PlacedWaiter], states: Vec<TicketState>) {
         for ((chat, seq, _), state) in waiters.iter().zip(states) {
             match state {
                 TicketState::Granted(grant) => self.deliver(chat, grant),
                 TicketState::Waiting => {}
+                TicketState::Lapsed => {
+                    // Skipped because this replica's liveness lapsed (it was paused or
+                    // cut off for longer than a lease): later messages of the chat may
+                    // have run since, so running ours now would break the chat's order.
+                    // All of this replica's tickets on the chat lapsed together.
+                    if !self.waiting.lock().contains(*seq) {
+                        continue;
+                    }
+                    let placed = self.waiting.lock().placed_on(chat);
+                    for (_, seq, _) in placed {
+                        self.report_lost(seq);
+                    }
+                }
                 TicketState::Gone => {
                     // Gone because it was granted (and maybe released) after this
                     // tick's snapshot: nothing to do, the grant reached its waiter.
@@ -237,16 +248,6 @@ impl Inner {
                         continue;
                     }
                     let placed = self.waiting.lock().placed_on(chat);
-                    if lapsed {
-                        // Skipped because this replica's liveness lapsed (it was paused
-                        // or cut off for longer than a lease): later messages of the
-                        // chat may have run since, so running these now would break
-                        // the chat's order. They are reported lost instead.
-                        for (_, seq, _) in placed {
-                            self.report_lost(seq);
-                        }
-                        continue;
-                    }
                     for (chat, seq, id) in placed {
                         self.requeue(&chat, seq, id.as_deref());
                     }
