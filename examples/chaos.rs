@@ -22,7 +22,7 @@
 //! | --- | --- | --- |
 //! | `kill` | SIGKILL of a replica; a new process (a new replica id) takes its place | replaced after 0–0.5 s |
 //! | `pause` | SIGSTOP of a replica, then SIGCONT | 1.2–2 × the lease TTL |
-//! | `redis_restart` | Redis killed, started again on its port, empty | down 0.05–1 s |
+//! | `redis_restart` | Redis SIGKILLed, started again on its port from its append-only file (fsync per write) | down 0.05–1 s |
 //! | `pubsub_kill` | `CLIENT KILL TYPE pubsub` on an admin connection | an instant |
 //! | `jitter` | every chunk through the proxy delayed 0–5 ms | 0.5–2 s |
 //! | `blackhole` | the proxy holds every byte (bytes flow again after) | 0.2–1.5 × TTL |
@@ -210,7 +210,10 @@ fn chaos(o: &ChaosOptions) -> Result<bool, String> {
             o.updates.display()
         ));
     }
-    let mut server = RedisServer::try_start()?;
+    // Persistent (append-only file, fsync per write): a restart keeps the queues, as a
+    // production coordinator's Redis must for FIFO to survive it (a restart that loses
+    // the data keeps exclusion and fencing, not the order of the messages queued then).
+    let mut server = RedisServer::try_start_persistent()?;
     let proxy = proxy::Proxy::start(server.port(), o.seed)?;
     ro.redis_url = Some(proxy.url());
     let settings = backend::RedisSettings::of(&ro).ok_or("the Redis settings are missing")?;

@@ -23,6 +23,9 @@ pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     dir: PathBuf,
+    /// Append-only file with an fsync per write: a restart keeps every acknowledged
+    /// write (for fault runs that must not lose the queues).
+    persistent: bool,
 }
 
 fn free_port() -> Result<u16, String> {
@@ -43,6 +46,19 @@ impl RedisServer {
     /// # Errors
     /// A message when `redis-server` is not installed or does not come up.
     pub fn try_start() -> Result<Self, String> {
+        Self::try_start_with(false)
+    }
+
+    /// Like [`RedisServer::try_start`], with an append-only file fsynced on every
+    /// write, so that a restart (even after SIGKILL) loses no acknowledged write.
+    ///
+    /// # Errors
+    /// As [`RedisServer::try_start`].
+    pub fn try_start_persistent() -> Result<Self, String> {
+        Self::try_start_with(true)
+    }
+
+    fn try_start_with(persistent: bool) -> Result<Self, String> {
         let dir = std::env::temp_dir().join(format!(
             "botmesh-redis-{}-{}",
             std::process::id(),
@@ -54,6 +70,7 @@ impl RedisServer {
             child: None,
             port: 0,
             dir,
+            persistent,
         };
         // A port found free can be taken before the server binds it; try a few.
         let mut last = String::new();
@@ -73,7 +90,12 @@ impl RedisServer {
         let mut child = Command::new("redis-server")
             .arg("--port")
             .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--bind", "127.0.0.1", "--save", ""])
+            .args(if self.persistent {
+                ["--appendonly", "yes", "--appendfsync", "always"]
+            } else {
+                ["--appendonly", "no", "--appendfsync", "everysec"]
+            })
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())
