@@ -70,9 +70,18 @@ pub fn connect(settings: &RedisSettings) -> Result<Arc<dyn Coordinator>, String>
     let options = RedisOptions::new(settings.url.as_str())
         .with_key_prefix(settings.key_prefix.as_str())
         .with_lease_ttl(settings.lease_ttl);
-    let coordinator = RedisCoordinator::connect(options)
-        .map_err(|e| format!("--redis-url: cannot use the Redis server: {e}"))?;
-    Ok(Arc::new(coordinator))
+    // A replica may start while the server restarts or loads its data (a fault run):
+    // keep trying for a while, as a supervisor restarting the process would.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        match RedisCoordinator::connect(options.clone()) {
+            Ok(coordinator) => return Ok(Arc::new(coordinator)),
+            Err(e) if std::time::Instant::now() >= deadline => {
+                return Err(format!("--redis-url: cannot use the Redis server: {e}"));
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
+        }
+    }
 }
 
 /// Without the `redis` feature there is no Redis backend to connect to.

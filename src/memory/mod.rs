@@ -93,7 +93,8 @@ impl MemoryCoordinator {
     }
 
     /// A coordinator with the given lease TTL and duplicate-suppression window (a zero
-    /// window turns duplicate suppression off). Values over ~100 years are clamped.
+    /// window turns duplicate suppression off). Values over ~100 years are clamped, and
+    /// a TTL under 1 ms is raised to 1 ms (a zero lease could never be held).
     pub fn with_settings(lease_ttl: Duration, dedup_window: Duration) -> Self {
         Self::with_clock(lease_ttl, dedup_window, Clock::real())
     }
@@ -103,7 +104,7 @@ impl MemoryCoordinator {
     /// instead of sleeping.
     pub fn with_clock(lease_ttl: Duration, dedup_window: Duration, clock: Clock) -> Self {
         MemoryCoordinator {
-            ttl: lease_ttl.min(FOREVER),
+            ttl: lease_ttl.clamp(Duration::from_millis(1), FOREVER),
             dedup_window: dedup_window.min(FOREVER),
             history: HISTORY,
             clock,

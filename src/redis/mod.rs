@@ -258,6 +258,20 @@ impl RedisCoordinator {
                 options.lease_ttl
             )));
         }
+        // Redis takes expiries as integer milliseconds; the same bound as the config.
+        const MAX: Duration = Duration::from_millis(2_147_483_647);
+        for (name, d) in [
+            ("lease_ttl", options.lease_ttl),
+            ("dedup_window", options.dedup_window),
+            ("command_timeout", options.command_timeout),
+        ] {
+            if d > MAX {
+                return Err(BackendError::new(format!(
+                    "{name}: {} is over the 2^31-1 ms (about 24.8 days) maximum",
+                    humantime::format_duration(d)
+                )));
+            }
+        }
         check_timeout_fits_lease(&options).map_err(BackendError::new)?;
         let client = Client::open(options.url.as_str())
             .map_err(|e| BackendError::new(format!("url: not a valid Redis URL ({e})")))?;

@@ -94,6 +94,10 @@ pub(crate) struct Inner {
     pub(super) clock: Clock,
     /// The last ticket sequence number handed out.
     seq: AtomicU64,
+    /// The first sequence number of this incarnation: tickets below it are a dead
+    /// predecessor's with the same id (a restarted process), whose grants nobody here
+    /// waits for and which are released at once.
+    first_seq: u64,
     /// `RUNNING`, `STOPPING` (no new tickets) or `ABORTED` (a simulated crash).
     state: AtomicU8,
     /// Tickets waiting for their grant.
@@ -138,6 +142,12 @@ impl Inner {
             )));
         }
         let ttl = coordinator.lease_ttl();
+        // Tickets of a restarted replica that reuses its id must not repeat the dead
+        // incarnation's: start from the wall clock in ns.
+        let first_seq = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX / 2))
+            .unwrap_or(0);
         let inner = Arc::new(Inner {
             id: id.into(),
             coordinator,
@@ -147,14 +157,8 @@ impl Inner {
             pushed: pushed_lease(ttl).saturating_sub(drift),
             last_tick: AtomicU64::new(clock_ns(clock.now())),
             clock,
-            // Tickets of a restarted replica that reuses its id must not repeat the
-            // dead incarnation's: start from the wall clock in ns.
-            seq: AtomicU64::new(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX / 2))
-                    .unwrap_or(0),
-            ),
+            seq: AtomicU64::new(first_seq),
+            first_seq: first_seq + 1,
             state: AtomicU8::new(RUNNING),
             waiting: Mutex::new(Waiters::default()),
             held: Mutex::new(HashMap::default()),
@@ -506,7 +510,9 @@ impl Inner {
                     let at = ghosts.iter().position(|g| g.1 == grant.ticket.seq);
                     at.map(|i| ghosts.swap_remove(i))
                 };
-                if ghost.is_some() {
+                if ghost.is_some() || grant.ticket.seq < self.first_seq {
+                    // A ghost's, or a dead predecessor's (same id, earlier process):
+                    // nobody here will use it.
                     self.release_ghost(chat, &grant);
                 } else {
                     // Usually a second copy of a grant a turn now holds. But it may be

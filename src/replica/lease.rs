@@ -23,7 +23,7 @@ pub(crate) fn period(ttl: Duration) -> Duration {
 /// grants at least two thirds of a TTL to a live replica's ticket, from a moment before
 /// we heard of it.
 pub(crate) fn pushed_lease(ttl: Duration) -> Duration {
-    ttl * 2 / 3
+    ttl.saturating_mul(2) / 3
 }
 
 /// Nanoseconds of `t` since a process-wide base instant: a monotonic clock that fits

@@ -66,6 +66,10 @@ pub(crate) fn renewal_loop(inner: &Arc<Inner>) {
     }
 }
 
+/// The most in-flight duplicates asked about again per tick, and ghosts cancelled per
+/// tick: each costs a round trip on the renewal thread.
+const RETRIES_PER_TICK: usize = 32;
+
 /// The renewal tick's work: it runs on the renewal thread, and tests call it
 /// directly.
 impl Inner {
@@ -187,8 +191,8 @@ impl Inner {
         let ghosts: Vec<PlacedWaiter> = std::mem::take(&mut *self.ghosts.lock());
         let mut left = Vec::new();
         let mut reachable = true;
-        for g in ghosts {
-            if !reachable {
+        for (i, g) in ghosts.into_iter().enumerate() {
+            if !reachable || i >= RETRIES_PER_TICK {
                 left.push(g);
                 continue;
             }
@@ -307,7 +311,10 @@ impl Inner {
         let now = self.clock.now();
         // Listed first: the table's lock must not be held across the calls below.
         let in_flight = self.waiting.lock().in_flight();
-        for (chat, seq, id) in in_flight {
+        // One round trip each, on the renewal thread: a bounded number per tick, oldest
+        // first, so that a flood of redeliveries never delays the renewals (the rest
+        // wait for the next ticks, every TTL/6; each is still bounded by turn_wait).
+        for (chat, seq, id) in in_flight.into_iter().take(RETRIES_PER_TICK) {
             let Some(wait) = self.waiting.lock().left(seq, now) else {
                 continue;
             };

@@ -28,6 +28,21 @@ pub struct RedisServer {
     persistent: bool,
 }
 
+/// Whether the server on `port` answers `PING` with `PONG`: up, and done loading its
+/// append-only file (until then it answers `-LOADING`).
+fn answers_ping(port: u16) -> bool {
+    use std::io::{BufRead, BufReader, Write};
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line).is_ok() && line.starts_with("+PONG")
+}
+
 fn free_port() -> Result<u16, String> {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -108,7 +123,7 @@ impl RedisServer {
                 // Most likely the port was taken meanwhile.
                 return Err(format!("redis-server exited at start ({status})"));
             }
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            if answers_ping(self.port) {
                 self.child = Some(child);
                 return Ok(());
             }
