@@ -90,6 +90,10 @@ pub(crate) struct Inner {
     /// this process was paused or starved, and lapsed meanwhile: it is confirmed with
     /// one renewal round trip before a handler may act on it.
     pub(super) last_tick: AtomicU64,
+    /// Until when grants are confirmed anyway ([`clock_ns`]): a tick that finds the
+    /// one before it too long ago (the process was paused) sets it one renewal period
+    /// ahead, for pushes read after the renewal thread already ran again.
+    pub(super) confirm_until: AtomicU64,
     /// Where "now" comes from: real, or fake in tests.
     pub(super) clock: Clock,
     /// The last ticket sequence number handed out.
@@ -156,6 +160,7 @@ impl Inner {
             trusted: ttl.saturating_sub(drift),
             pushed: pushed_lease(ttl).saturating_sub(drift),
             last_tick: AtomicU64::new(clock_ns(clock.now())),
+            confirm_until: AtomicU64::new(0),
             clock,
             seq: AtomicU64::new(first_seq),
             first_seq: first_seq + 1,
@@ -463,8 +468,10 @@ impl Inner {
         match self.take_waiter(grant.ticket.seq) {
             Some(w) => {
                 let now = self.clock.now();
-                let silent = clock_ns(now).saturating_sub(self.last_tick.load(Ordering::Acquire));
-                let stalled = u128::from(silent) > super::lease::period(self.ttl).as_nanos();
+                let now_ns = clock_ns(now);
+                let silent = now_ns.saturating_sub(self.last_tick.load(Ordering::Acquire));
+                let stalled = u128::from(silent) > super::lease::period(self.ttl).as_nanos()
+                    || now_ns < self.confirm_until.load(Ordering::Acquire);
                 if !stalled {
                     return self.grant_to(w, grant, true, now + self.pushed);
                 }

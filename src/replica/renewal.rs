@@ -93,10 +93,16 @@ impl Inner {
     }
 
     fn tick(self: &Arc<Self>, last_ok: &mut Instant, renew_held: bool) {
-        self.last_tick.store(
-            clock_ns(self.clock.now()),
-            std::sync::atomic::Ordering::Release,
-        );
+        use std::sync::atomic::Ordering;
+        let now_ns = clock_ns(self.clock.now());
+        let before = self.last_tick.swap(now_ns, Ordering::AcqRel);
+        let period_ns = u64::try_from(period(self.ttl).as_nanos()).unwrap_or(u64::MAX);
+        if now_ns.saturating_sub(before) > period_ns {
+            // This thread did not run for over a renewal period: pushes read from now
+            // on may have waited as long; confirm them for one more period.
+            self.confirm_until
+                .fetch_max(now_ns.saturating_add(period_ns), Ordering::AcqRel);
+        }
         let held: Vec<Arc<TurnState>> = if renew_held {
             self.held.lock().values().cloned().collect()
         } else {
