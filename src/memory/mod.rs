@@ -218,6 +218,18 @@ impl Coordinator for MemoryCoordinator {
     }
 
     fn enqueue(&self, req: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError> {
+        // An enqueue is a sign of life, as with Redis (which refreshes the replica's
+        // field in the chat): a replica whose liveness lapsed while it was cut off
+        // (its renewals failing) must not have its new ticket skipped at once. Only a
+        // lapsed entry is written, so the hot path takes the read lock alone.
+        let now = self.clock.now();
+        if self
+            .alive_until(&req.ticket.replica)
+            .is_some_and(|t| t < now)
+            && let Some(r) = self.replicas.write().get_mut(&req.ticket.replica)
+        {
+            r.alive_until = r.alive_until.max(now + self.ttl);
+        }
         Ok(self.on_chat(req.chat, |shard, env, pushes| {
             shard.enqueue(env, req, pushes)
         }))
