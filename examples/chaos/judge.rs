@@ -17,9 +17,15 @@
 //! | cut | `backend` | any replica |
 //! | pubsub_kill, jitter, busy | nothing: the contract says they lose no lease and drop no message | |
 //!
-//! A `timeout` is explained only by a pause (on its replica), restart or blackhole that
-//! could itself have kept a turn from being granted for `turn_wait`: its length plus
-//! TTL, TTL/3 and 0.5 s reach `turn_wait`. With the default 10 s `turn_wait` none can.
+//! A `timeout` is explained by a pause (on its replica), restart or blackhole that
+//! could itself have kept a turn from being granted for `turn_wait` (its length plus
+//! TTL, TTL/3 and 0.5 s reach `turn_wait`; with the default 10 s `turn_wait` none
+//! can), or by a storm: faults of any kind, back to back, whose windows together
+//! cover at least half of the message's wait. Every fault slows a chat's hand-overs
+//! (a busy CPU stretches each hop of a hand-over from ~1 ms to tens; a lost wake-up
+//! waits for the re-check), and a hot chat whose messages keep arriving faster than
+//! it is served then builds a queue deeper than `turn_wait` can drain: an honest
+//! timeout, caused by the faults, though no single one could have caused it.
 //! `shutting_down` is never explained: replicas stop only after every update ended.
 
 use std::collections::BTreeMap;
@@ -106,11 +112,40 @@ pub struct Verdict {
     pub unexplained: Vec<Unexplained>,
 }
 
+/// How much of drop `d`'s wait (from its latest delivery to its drop) the windows
+/// of `faults` cover together.
+fn covered(d: &DropSeen, faults: &[Seen], ttl: Duration) -> Duration {
+    let mut spans: Vec<(Duration, Duration)> = faults
+        .iter()
+        .map(|f| window(f, ttl))
+        .map(|(open, close)| (open.max(d.sent), close.min(d.at)))
+        .filter(|(open, close)| open < close)
+        .collect();
+    spans.sort_unstable();
+    let mut total = Duration::ZERO;
+    let mut reach = Duration::ZERO;
+    for (open, close) in spans {
+        let open = open.max(reach);
+        if close > open {
+            total += close - open;
+            reach = close;
+        }
+    }
+    total
+}
+
 /// Sets every drop against the faults.
 pub fn judge(drops: &[DropSeen], faults: &[Seen], o: &ChaosOptions) -> Verdict {
     let mut explained = BTreeMap::new();
     let mut unexplained = Vec::new();
     for d in drops {
+        if d.reason == "timeout"
+            && !faults.iter().any(|f| explains(f, d, o))
+            && covered(d, faults, o.lease_ttl) * 2 >= o.turn_wait
+        {
+            *explained.entry("storm").or_insert(0) += 1;
+            continue;
+        }
         match faults.iter().find(|f| explains(f, d, o)) {
             Some(f) => *explained.entry(f.kind.name()).or_insert(0) += 1,
             None => {

@@ -64,11 +64,16 @@ pub struct MemoryCoordinator {
     replicas: RwLock<HashMap<ReplicaId, ReplicaEntry>>,
     /// The last fencing token handed out, for all chats.
     last_token: AtomicU64,
+    /// The instant replicas' liveness is counted from (see [`ReplicaEntry`]).
+    base: Instant,
 }
 
 struct ReplicaEntry {
     sink: GrantSink,
-    alive_until: Instant,
+    /// Until when the replica counts as alive, in ns since the coordinator's `base`:
+    /// an atomic, so that every enqueue can push it forward (as Redis refreshes the
+    /// replica's field in the chat) under the read lock alone.
+    alive_until: AtomicU64,
 }
 
 impl Default for MemoryCoordinator {
@@ -103,6 +108,7 @@ impl MemoryCoordinator {
     /// [`Clock::fake`] a test expires leases, waits and claims by advancing the clock
     /// instead of sleeping.
     pub fn with_clock(lease_ttl: Duration, dedup_window: Duration, clock: Clock) -> Self {
+        let base = clock.now();
         MemoryCoordinator {
             ttl: lease_ttl.clamp(Duration::from_millis(1), FOREVER),
             dedup_window: dedup_window.min(FOREVER),
@@ -112,6 +118,7 @@ impl MemoryCoordinator {
             shard_hasher: foldhash::fast::RandomState::default(),
             replicas: RwLock::new(HashMap::default()),
             last_token: AtomicU64::new(0),
+            base,
         }
     }
 
@@ -132,7 +139,23 @@ impl MemoryCoordinator {
     }
 
     fn alive_until(&self, replica: &ReplicaId) -> Option<Instant> {
-        self.replicas.read().get(replica).map(|r| r.alive_until)
+        self.replicas
+            .read()
+            .get(replica)
+            .map(|r| self.base + Duration::from_nanos(r.alive_until.load(Ordering::Acquire)))
+    }
+
+    /// `t` as ns since `base`, the form [`ReplicaEntry::alive_until`] keeps.
+    fn ns(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Moves `replica`'s liveness to at least a TTL from now.
+    fn refresh(&self, replica: &ReplicaId, now: Instant) {
+        if let Some(r) = self.replicas.read().get(replica) {
+            r.alive_until
+                .fetch_max(self.ns(now + self.ttl), Ordering::AcqRel);
+        }
     }
 
     fn next_token(&self) -> Token {
@@ -190,7 +213,8 @@ impl Coordinator for MemoryCoordinator {
     fn attach(&self, replica: &ReplicaId, sink: GrantSink) -> Result<(), BackendError> {
         let now = self.clock.now();
         let mut replicas = self.replicas.write();
-        if replicas.get(replica).is_some_and(|r| r.alive_until >= now) {
+        let alive = |r: &ReplicaEntry| r.alive_until.load(Ordering::Acquire) >= self.ns(now);
+        if replicas.get(replica).is_some_and(alive) {
             // Two live replicas with one id would take each other's grants.
             return Err(BackendError::new(format!(
                 "replica id {replica:?} is already in use (by a live replica, or by one that \
@@ -199,7 +223,7 @@ impl Coordinator for MemoryCoordinator {
         }
         let entry = ReplicaEntry {
             sink,
-            alive_until: now + self.ttl,
+            alive_until: AtomicU64::new(self.ns(now + self.ttl)),
         };
         replicas.insert(replica.clone(), entry);
         Ok(())
@@ -219,17 +243,11 @@ impl Coordinator for MemoryCoordinator {
 
     fn enqueue(&self, req: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError> {
         // An enqueue is a sign of life, as with Redis (which refreshes the replica's
-        // field in the chat): a replica whose liveness lapsed while it was cut off
-        // (its renewals failing) must not have its new ticket skipped at once. Only a
-        // lapsed entry is written, so the hot path takes the read lock alone.
-        let now = self.clock.now();
-        if self
-            .alive_until(&req.ticket.replica)
-            .is_some_and(|t| t < now)
-            && let Some(r) = self.replicas.write().get_mut(&req.ticket.replica)
-        {
-            r.alive_until = r.alive_until.max(now + self.ttl);
-        }
+        // field in the chat): the replica counts the lease of a grant made to this
+        // ticket from the enqueue's send time, and a replica whose liveness lapsed
+        // while it was cut off (its renewals failing) must not have its new ticket
+        // skipped at once.
+        self.refresh(&req.ticket.replica, self.clock.now());
         Ok(self.on_chat(req.chat, |shard, env, pushes| {
             shard.enqueue(env, req, pushes)
         }))
@@ -244,6 +262,9 @@ impl Coordinator for MemoryCoordinator {
         lease: &HeldLease<'_>,
         handled: Option<&str>,
     ) -> Result<Released, BackendError> {
+        // The caller is alive: a grant it gets back in the answer (the chat handed on
+        // to another of its tickets) lasts a full TTL, counted from its call.
+        self.refresh(&lease.ticket.replica, self.clock.now());
         Ok(self.on_chat(lease.chat, |shard, env, pushes| {
             shard.release(env, lease, handled, pushes)
         }))
@@ -255,10 +276,7 @@ impl Coordinator for MemoryCoordinator {
         held: &[HeldLease<'_>],
         waiting: &[Waiting<'_>],
     ) -> Result<Renewal, BackendError> {
-        let now = self.clock.now();
-        if let Some(r) = self.replicas.write().get_mut(replica) {
-            r.alive_until = now + self.ttl;
-        }
+        self.refresh(replica, self.clock.now());
         let mut pushes = Pushes::new();
         let out = self.with_env(|env| Renewal {
             held: held

@@ -77,8 +77,12 @@ local function settle(h, q, w, l, chat, ttl, hist, wake, keep)
       -- The grantee's own liveness bounds its lease, not the caller's TTL: replicas
       -- may run different TTLs (a rolling deploy), and alive-until was set from the
       -- grantee's TTL at its last renewal, so the lease never outlives a crashed
-      -- grantee by more than its own TTL, nor lapses before it can renew.
-      local lease = math.floor((alive - now) / 1000)
+      -- grantee by more than its own TTL, nor lapses before it can renew. A grant the
+      -- caller answers with (keep) is the caller's own, and the caller is alive: it
+      -- gets a full TTL from now, which the caller counts from its call's send time.
+      local r = replica_of(t)
+      local lease = ttl
+      if not keep(t, r) then lease = math.floor((alive - now) / 1000) end
       if lease < 1 then lease = 1 end
       return grant(h, l, chat, t, now, lease, hist, wake, keep)
     end

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::lease::{TurnState, clock_ns, pushed_lease};
+use super::lease::{TurnState, clock_ns, period};
 use super::names::{is_reserved, shown_chat, stored_chat};
 use super::turn::{Owner, Turn};
 use super::waiters::{PlacedWaiter, Waiters};
@@ -82,9 +82,6 @@ pub(crate) struct Inner {
     /// before the backend's clock (on another host, running a little faster) could
     /// give the chat to someone else.
     pub(crate) trusted: Duration,
-    /// How long a pushed grant (heard of after the fact) is trusted before the next
-    /// renewal confirms it: two thirds of the TTL, less the drift allowance.
-    pushed: Duration,
     /// When the renewal thread last started a tick ([`clock_ns`]). A grant pushed
     /// while it has been silent for over a renewal period may have sat unread while
     /// this process was paused or starved, and lapsed meanwhile: it is confirmed with
@@ -119,6 +116,11 @@ pub(crate) struct Inner {
     /// Grants that found their waiter taken; released at the next tick unless a held
     /// turn has that very grant (see `deliver`).
     pub(super) suspects: Mutex<Vec<(Arc<str>, Grant)>>,
+    /// Tickets whose waiter was taken by a path that may still turn a grant into a
+    /// held turn (a push being confirmed, a cancel that may come back granted): until
+    /// the turn is in `held`, a second copy of its grant must not be released by the
+    /// tick as a suspect, or the handler would run on a turn freed under it.
+    pub(super) in_hand: Mutex<HashSet<u64>>,
     /// Wait deadlines, and for a bot with flows its settle cuts and delays.
     pub(crate) timer: Timer,
     /// Set by a stop; the renewal thread waits on `stop_cv` between ticks.
@@ -158,7 +160,6 @@ impl Inner {
             metrics,
             ttl,
             trusted: ttl.saturating_sub(drift),
-            pushed: pushed_lease(ttl).saturating_sub(drift),
             last_tick: AtomicU64::new(clock_ns(clock.now())),
             confirm_until: AtomicU64::new(0),
             clock,
@@ -168,6 +169,7 @@ impl Inner {
             waiting: Mutex::new(Waiters::default()),
             held: Mutex::new(HashMap::default()),
             releasing: Mutex::new(HashSet::default()),
+            in_hand: Mutex::new(HashSet::default()),
             ghosts: Mutex::new(Vec::new()),
             suspects: Mutex::new(Vec::new()),
             timer: Timer::default(),
@@ -206,8 +208,8 @@ impl Inner {
         // tickets are not cancelled one timeout at a time; they lapse within the TTL.
         let mut reachable = true;
         for seq in seqs {
-            // `take_waiter` makes this exactly-once against a grant or the timer.
-            let Some(w) = self.take_waiter(seq) else {
+            // Taking the waiter makes this exactly-once against a grant or the timer.
+            let Some((w, _in_hand)) = self.take_in_hand(seq) else {
                 continue;
             };
             let ticket = self.ticket(seq);
@@ -224,8 +226,8 @@ impl Inner {
             match cancelled {
                 Ok(Some(grant)) => {
                     // Granted meanwhile: it may as well run.
-                    let valid = self.clock.now() + self.pushed;
-                    self.grant_to(w, grant, true, valid);
+                    let chat = w.chat.clone();
+                    self.use_grant(&chat, w, grant, None);
                     continue;
                 }
                 Ok(None) => {}
@@ -282,6 +284,26 @@ impl Inner {
             replica: self.id.clone(),
             seq,
         }
+    }
+
+    /// Takes a waiter out like [`Inner::take_waiter`], marking its ticket in hand
+    /// (see `in_hand`) until the returned guard drops: the taker turns a grant into a
+    /// held turn, or ends the wait, before that.
+    pub(crate) fn take_in_hand(&self, seq: u64) -> Option<(Waiter, InHand<'_>)> {
+        let w = {
+            let mut waiting = self.waiting.lock();
+            let w = waiting.take(seq);
+            // Under the table's lock: a second copy of the grant that finds the waiter
+            // gone also finds the ticket in hand.
+            if w.is_some() {
+                self.in_hand.lock().insert(seq);
+            }
+            w
+        }?;
+        if !is_reserved(&w.chat) {
+            dec(&self.metrics.waiting);
+        }
+        Some((w, InHand { inner: self, seq }))
     }
 
     pub(crate) fn take_waiter(&self, seq: u64) -> Option<Waiter> {
@@ -387,6 +409,7 @@ impl Inner {
                 message_id: message_id.map(Arc::from),
                 since,
                 wait,
+                alive_from: since,
                 placed: false,
                 in_flight: false,
                 on_grant,
@@ -446,7 +469,16 @@ impl Inner {
             }
             Err(e) => {
                 inc(&self.metrics.backend_errors);
-                self.take_waiter(seq);
+                if self.take_waiter(seq).is_none() {
+                    // The call reached the backend after all: the ticket was granted
+                    // (a push took the waiter), and its callback now owns the
+                    // message's end. Reporting an error too would end it twice.
+                    if metered {
+                        inc(&self.metrics.accepted);
+                    }
+                    log::debug!(target: "botmesh::replica", "enqueue on chat {:?} failed after its grant arrived: {e}", shown_chat(chat));
+                    return Ok((Accepted::Queued, seq));
+                }
                 self.ghosts
                     .lock()
                     .push((Arc::from(chat), seq, message_id.map(Arc::from)));
@@ -460,53 +492,21 @@ impl Inner {
         }
     }
 
-    /// Routes a grant to its waiter; a grant nobody waits for is released.
+    /// Routes a grant heard of after the fact (a push, the re-check, a cancel that
+    /// found it granted) to its waiter; a grant nobody waits for is released.
     pub(crate) fn deliver(self: &Arc<Self>, chat: &str, grant: Grant) {
+        self.deliver_from(chat, grant, None);
+    }
+
+    /// Routes a grant to its waiter. `sent` is given for a grant made fresh in the
+    /// reply to our own call sent then (a release handing the chat on to another of
+    /// our tickets): the backend gave it a full TTL after that.
+    pub(crate) fn deliver_from(self: &Arc<Self>, chat: &str, grant: Grant, sent: Option<Instant>) {
         if self.is_aborted() {
             return;
         }
-        match self.take_waiter(grant.ticket.seq) {
-            Some(w) => {
-                let now = self.clock.now();
-                let now_ns = clock_ns(now);
-                let silent = now_ns.saturating_sub(self.last_tick.load(Ordering::Acquire));
-                let stalled = u128::from(silent) > super::lease::period(self.ttl).as_nanos()
-                    || now_ns < self.confirm_until.load(Ordering::Acquire);
-                if !stalled {
-                    return self.grant_to(w, grant, true, now + self.pushed);
-                }
-                // Possibly read long after it was sent: ask the backend.
-                let lease = HeldLease {
-                    chat,
-                    ticket: &grant.ticket,
-                    token: grant.token,
-                };
-                match self
-                    .coordinator
-                    .renew(&self.id, std::slice::from_ref(&lease), &[])
-                {
-                    Ok(r) if r.held.first() == Some(&true) => {
-                        self.grant_to(w, grant, true, now + self.trusted);
-                    }
-                    answer => {
-                        if answer.is_err() {
-                            inc(&self.metrics.backend_errors);
-                        }
-                        // Lapsed unread (or unconfirmable): its place is gone; running
-                        // it now could break its chat's order or overlap a newer turn.
-                        log::warn!(target: "botmesh::replica", "grant {} on chat {chat:?} lapsed before it could be used", grant.ticket);
-                        if !is_reserved(&w.chat) {
-                            inc(&self.metrics.lost);
-                        }
-                        self.release_ghost(chat, &grant);
-                        (w.on_grant)(Err(NoTurn::Failed(CoordinationUnavailableError::new(
-                            Reason::Lost,
-                            shown_chat(&w.chat),
-                            w.message_id.as_deref(),
-                        ))));
-                    }
-                }
-            }
+        match self.take_in_hand(grant.ticket.seq) {
+            Some((w, _in_hand)) => self.use_grant(chat, w, grant, sent),
             None => {
                 // The same grant reached us twice (a push, a release's reply, the
                 // re-check, a cancel that found it granted); whoever took the waiter
@@ -531,6 +531,59 @@ impl Inner {
                     log::debug!(target: "botmesh::replica", "grant {} on chat {chat:?} already taken", grant.ticket);
                     self.suspects.lock().push((Arc::from(chat), grant));
                 }
+            }
+        }
+    }
+
+    /// Hands `grant` to `w`, the waiter taken for it, with the lease's end by our
+    /// clock; a grant with too little left (or read while this process was stalled)
+    /// is confirmed with one renewal round trip first, and reported lost if it
+    /// lapsed. `sent` as in [`Inner::deliver_from`].
+    fn use_grant(self: &Arc<Self>, chat: &str, w: Waiter, grant: Grant, sent: Option<Instant>) {
+        let now = self.clock.now();
+        let now_ns = clock_ns(now);
+        // Where the backend's lease ends at the earliest, by our clock. A grant
+        // another replica made lapses with our liveness in the chat, which
+        // lasts a TTL from the last call that refreshed it: after a partition
+        // or a pause it may have been granted with little left, or lapsed and
+        // been given on (the handler would then run on a stale turn).
+        let until = sent.unwrap_or(w.alive_from) + self.trusted;
+        let silent = now_ns.saturating_sub(self.last_tick.load(Ordering::Acquire));
+        let stalled = u128::from(silent) > period(self.ttl).as_nanos()
+            || now_ns < self.confirm_until.load(Ordering::Acquire);
+        // Too little left to reach the next renewal: confirm it now instead.
+        if !stalled && until >= now + period(self.ttl) {
+            return self.grant_to(w, grant, true, until);
+        }
+        // Possibly read long after it was sent: ask the backend.
+        let lease = HeldLease {
+            chat,
+            ticket: &grant.ticket,
+            token: grant.token,
+        };
+        match self
+            .coordinator
+            .renew(&self.id, std::slice::from_ref(&lease), &[])
+        {
+            Ok(r) if r.held.first() == Some(&true) => {
+                self.grant_to(w, grant, true, now + self.trusted);
+            }
+            answer => {
+                if answer.is_err() {
+                    inc(&self.metrics.backend_errors);
+                }
+                // Lapsed unread (or unconfirmable): its place is gone; running
+                // it now could break its chat's order or overlap a newer turn.
+                log::warn!(target: "botmesh::replica", "grant {} on chat {chat:?} lapsed before it could be used", grant.ticket);
+                if !is_reserved(&w.chat) {
+                    inc(&self.metrics.lost);
+                }
+                self.release_ghost(chat, &grant);
+                (w.on_grant)(Err(NoTurn::Failed(CoordinationUnavailableError::new(
+                    Reason::Lost,
+                    shown_chat(&w.chat),
+                    w.message_id.as_deref(),
+                ))));
             }
         }
     }
@@ -598,12 +651,13 @@ impl Inner {
         if locally_lost && was_held && metered {
             inc(&self.metrics.lost);
         }
+        let sent = self.clock.now();
         let released = self.coordinator.release(&state.lease(), handled);
         self.releasing.lock().remove(&(seq, state.token));
         match released {
             Ok(Released::Released { next }) => {
                 if let Some(grant) = next {
-                    self.deliver(&state.chat, grant);
+                    self.deliver_from(&state.chat, grant, Some(sent));
                 }
                 if locally_lost {
                     return Err(lost_err());
@@ -668,8 +722,11 @@ impl Inner {
             ticket: &grant.ticket,
             token: grant.token,
         };
+        let sent = self.clock.now();
         match self.coordinator.release(&lease, None) {
-            Ok(Released::Released { next: Some(next) }) => self.deliver(chat, next),
+            Ok(Released::Released { next: Some(next) }) => {
+                self.deliver_from(chat, next, Some(sent));
+            }
             Ok(_) => {}
             Err(e) => log::debug!(target: "botmesh::replica", "ghost release failed: {e}"),
         }
@@ -678,7 +735,7 @@ impl Inner {
     /// A waiter's deadline passed: take its ticket out of the queue, unless it was
     /// granted meanwhile.
     pub(super) fn expire(self: &Arc<Self>, seq: u64) {
-        let Some(w) = self.take_waiter(seq) else {
+        let Some((w, _in_hand)) = self.take_in_hand(seq) else {
             return; // already granted
         };
         let ticket = self.ticket(seq);
@@ -689,8 +746,8 @@ impl Inner {
         };
         match self.coordinator.cancel(&waiting) {
             Ok(Some(grant)) => {
-                let valid = self.clock.now() + self.pushed;
-                self.grant_to(w, grant, true, valid);
+                let chat = w.chat.clone();
+                self.use_grant(&chat, w, grant, None);
             }
             Ok(None) => {
                 inc(&self.metrics.timed_out);
@@ -734,3 +791,15 @@ impl Owner for Inner {
 #[cfg(test)]
 #[path = "client_tests.rs"]
 mod tests;
+
+/// A ticket marked in hand (see [`Inner::take_in_hand`]); unmarked on drop.
+pub(crate) struct InHand<'a> {
+    inner: &'a Inner,
+    seq: u64,
+}
+
+impl Drop for InHand<'_> {
+    fn drop(&mut self) {
+        self.inner.in_hand.lock().remove(&self.seq);
+    }
+}

@@ -18,6 +18,7 @@ use crate::metrics::Metrics;
 use crate::{Clock, MemoryCoordinator, Turn};
 
 type Hook = Box<dyn FnOnce() + Send>;
+type HeldHook = Box<dyn FnOnce(&[HeldLease<'_>]) + Send>;
 
 /// The memory backend, with a one-shot hook that runs inside the next `renew` (after
 /// the caller took its snapshot, before the backend answers) and one inside the next
@@ -27,6 +28,16 @@ struct Hooked {
     inner: MemoryCoordinator,
     before_renew: Mutex<Option<Hook>>,
     before_release: Mutex<Option<Hook>>,
+    /// Rewrites the next `renew`'s answer (a backend state the memory backend never
+    /// reaches itself, such as a ticket whose trace expired).
+    rewrite_renewal: Mutex<Option<Box<dyn FnOnce(&mut Renewal) + Send>>>,
+    /// A replica whose renewals fail, as if cut off from the backend.
+    cut_off: Mutex<Option<ReplicaId>>,
+    /// Runs inside the next `renew` that carries held leases, with them.
+    with_held: Mutex<Option<HeldHook>>,
+    /// Runs after the next `enqueue` reached the backend, whose reply is then lost
+    /// (the caller gets an error, as when a connection breaks after sending).
+    after_enqueue_fails: Mutex<Option<Hook>>,
 }
 
 impl Coordinator for Hooked {
@@ -43,7 +54,13 @@ impl Coordinator for Hooked {
         self.inner.detach(replica, held)
     }
     fn enqueue(&self, request: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError> {
-        self.inner.enqueue(request)
+        let answer = self.inner.enqueue(request);
+        let hook = self.after_enqueue_fails.lock().take();
+        if let Some(hook) = hook {
+            hook();
+            return Err(BackendError::new("reply lost"));
+        }
+        answer
     }
     fn cancel(&self, waiting: &Waiting<'_>) -> Result<Option<Grant>, BackendError> {
         self.inner.cancel(waiting)
@@ -69,7 +86,21 @@ impl Coordinator for Hooked {
         if let Some(hook) = hook {
             hook();
         }
-        self.inner.renew(replica, held, waiting)
+        if !held.is_empty() {
+            let hook = self.with_held.lock().take();
+            if let Some(hook) = hook {
+                hook(held);
+            }
+        }
+        if self.cut_off.lock().as_ref() == Some(replica) {
+            return Err(BackendError::new("cut off"));
+        }
+        let mut renewal = self.inner.renew(replica, held, waiting)?;
+        let rewrite = self.rewrite_renewal.lock().take();
+        if let Some(rewrite) = rewrite {
+            rewrite(&mut renewal);
+        }
+        Ok(renewal)
     }
     fn write_checkpoint(
         &self,
@@ -106,6 +137,10 @@ impl World {
                 inner,
                 before_renew: Mutex::new(None),
                 before_release: Mutex::new(None),
+                rewrite_renewal: Mutex::new(None),
+                cut_off: Mutex::new(None),
+                with_held: Mutex::new(None),
+                after_enqueue_fails: Mutex::new(None),
             }),
         }
     }
@@ -338,4 +373,159 @@ fn a_ticket_skipped_while_its_replica_was_paused_is_reported_not_requeued() {
         0,
         "nothing was queued again"
     );
+}
+
+/// A grant another replica makes lasts only as long as the grantee's liveness in the
+/// chat. Made after the grantee went unrefreshed for most of a TTL (a partition), it
+/// has little left; the grantee once trusted any pushed grant for two thirds of a TTL
+/// from its arrival, so it held the turn by its own clock after the backend had let
+/// the lease lapse and given the chat to the next waiter. Now it confirms the grant
+/// with a renewal first.
+#[test]
+fn a_grant_with_little_of_its_grantees_liveness_left_is_confirmed_before_use() {
+    let w = World::new();
+    let h = w.replica("h");
+    let r = w.replica("r");
+    let x = w.replica("x");
+    let h_turn = turn(&take(&h, "chat", None));
+    let waiting = take(&r, "chat", None);
+    // r is cut off (its ticks run, its renewals fail) for 9 of its 10 s of liveness;
+    // h keeps renewing.
+    *w.backend.cut_off.lock() = Some(r.id.clone());
+    for _ in 0..3 {
+        w.clock.advance(Duration::from_secs(3));
+        tick(&h);
+        tick(&r);
+    }
+    // h hands the chat on: r's grant has 1 s of r's liveness left. r is reachable
+    // again by the time the push arrives.
+    *w.backend.cut_off.lock() = None;
+    h_turn.release().expect("h releases");
+    let r_turn = turn(&waiting);
+    // 1.5 s later, still before r's next renewal tick, x asks for the chat.
+    w.clock.advance(Duration::from_millis(1_500));
+    let x_wait = take(&x, "chat", None);
+    let x_granted = matches!(x_wait.try_recv(), Ok(Ok(_)));
+    assert!(
+        !(x_granted && !r_turn.is_lost()),
+        "r still believes it holds the chat while x was granted it"
+    );
+    assert!(
+        !x_granted,
+        "the confirmed lease still stands at the backend"
+    );
+    r_turn.release().expect("r held it throughout");
+}
+
+/// A ticket the backend has no trace of, found after the replica's liveness in the
+/// chat went unrefreshed for a TTL (the queue's keys expired while it was paused, or
+/// Redis was down that long), was most likely skipped and later messages ran: it is
+/// reported lost. Once it was queued again at the back, which ran it after them.
+#[test]
+fn a_ticket_gone_after_its_liveness_lapsed_is_reported_not_requeued() {
+    let w = World::new();
+    let h = w.replica("h");
+    let r = w.replica("r");
+    let h_turn = turn(&take(&h, "chat", None));
+    let early = take(&r, "chat", Some("m1"));
+    // r is paused (no ticks) for 12 s; h keeps renewing.
+    for _ in 0..4 {
+        w.clock.advance(Duration::from_secs(3));
+        tick(&h);
+    }
+    *w.backend.rewrite_renewal.lock() = Some(Box::new(|renewal: &mut Renewal| {
+        for state in &mut renewal.waiting {
+            *state = crate::TicketState::Gone;
+        }
+    }));
+    tick(&r);
+    match early.try_recv() {
+        Ok(Err(NoTurn::Failed(e))) => assert_eq!(e.reason, crate::Reason::Lost),
+        other => panic!("expected the message reported lost, got {other:?}"),
+    }
+    // (The memory backend did keep the ticket, so h's release grants it to nobody
+    // here; r's next tick releases that grant.)
+    h_turn.release().expect("h releases");
+    tick(&r);
+    assert_eq!(w.backend.inner.active_chats(), 0, "nothing waits or holds");
+}
+
+/// The same answer while the replica kept its liveness refreshed means the backend
+/// lost its data (a restart without persistence): the ticket is queued again.
+#[test]
+fn a_ticket_gone_while_its_liveness_was_kept_is_queued_again() {
+    let w = World::new();
+    let h = w.replica("h");
+    let r = w.replica("r");
+    let h_turn = turn(&take(&h, "chat", None));
+    let early = take(&r, "chat", Some("m1"));
+    w.clock.advance(Duration::from_secs(3));
+    tick(&h);
+    *w.backend.rewrite_renewal.lock() = Some(Box::new(|renewal: &mut Renewal| {
+        for state in &mut renewal.waiting {
+            *state = crate::TicketState::Gone;
+        }
+    }));
+    tick(&r);
+    assert!(early.try_recv().is_err(), "still waiting, queued again");
+    h_turn.release().expect("h releases");
+    turn(&early).release().expect("r runs it");
+}
+
+/// An enqueue whose reply is lost although it reached the backend, and whose grant
+/// was pushed before the error came back: the grant's callback owns the message's
+/// end. The caller was once told `backend` as well, so the message ended twice.
+#[test]
+fn an_enqueue_that_fails_after_its_grant_arrived_ends_once() {
+    let w = World::new();
+    let h = w.replica("h");
+    let r = w.replica("r");
+    let h_turn = turn(&take(&h, "chat", None));
+    *w.backend.after_enqueue_fails.lock() = Some(Box::new(move || {
+        h_turn.release().expect("h releases");
+    }));
+    let (tx, rx): (Sender<Ended>, Receiver<Ended>) = unbounded();
+    let on_grant: OnGrant = Box::new(move |r| {
+        let _ = tx.send(r);
+    });
+    let answer = r.enqueue("chat", Some("m1"), Duration::from_secs(60), on_grant);
+    assert!(answer.is_ok(), "accepted, not failed: {answer:?}");
+    turn(&rx).release().expect("r runs it");
+    assert!(rx.try_recv().is_err(), "one end only");
+}
+
+/// A pushed grant being confirmed (one renewal round trip) is not in `held` yet. A
+/// second copy of it arriving meanwhile (the re-check found it too) finds the waiter
+/// taken and becomes a suspect; the tick used to release it as unused, freeing the
+/// chat under the turn about to run. It now waits while the grant is in hand.
+#[test]
+fn a_second_copy_of_a_grant_being_confirmed_is_not_released() {
+    let w = World::new();
+    let h = w.replica("h");
+    let r = w.replica("r");
+    let h_turn = turn(&take(&h, "chat", None));
+    let waiting = take(&r, "chat", None);
+    // Unrefreshed for 9 s: the push will be confirmed before use.
+    *w.backend.cut_off.lock() = Some(r.id.clone());
+    for _ in 0..3 {
+        w.clock.advance(Duration::from_secs(3));
+        tick(&h);
+        tick(&r);
+    }
+    *w.backend.cut_off.lock() = None;
+    let r2 = r.clone();
+    *w.backend.with_held.lock() = Some(Box::new(move |held: &[HeldLease<'_>]| {
+        let copy = Grant {
+            ticket: held[0].ticket.clone(),
+            token: held[0].token,
+            previous: None,
+        };
+        r2.deliver(held[0].chat, copy);
+        tick(&r2);
+    }));
+    h_turn.release().expect("h releases");
+    let r_turn = turn(&waiting);
+    tick(&r);
+    r_turn.release().expect("r's turn stood throughout");
+    assert_eq!(r.metrics.snapshot().lost, 0);
 }

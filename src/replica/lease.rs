@@ -18,14 +18,6 @@ pub(crate) fn period(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(1))
 }
 
-/// How long a grant learned of after the fact (a push, a re-check, a cancel) is
-/// trusted by this replica's clock before the next renewal confirms it: the backend
-/// grants at least two thirds of a TTL to a live replica's ticket, from a moment before
-/// we heard of it.
-pub(crate) fn pushed_lease(ttl: Duration) -> Duration {
-    ttl.saturating_mul(2) / 3
-}
-
 /// Nanoseconds of `t` since a process-wide base instant: a monotonic clock that fits
 /// in an atomic. Instants before the base (a fake clock's, say) read as 0.
 pub(crate) fn clock_ns(t: Instant) -> u64 {
@@ -149,6 +141,5 @@ mod tests {
     fn renewal_period_leaves_two_chances_before_expiry() {
         assert_eq!(period(Duration::from_secs(3)), Duration::from_secs(1));
         assert_eq!(period(Duration::ZERO), Duration::from_millis(1));
-        assert!(pushed_lease(Duration::from_secs(3)) < Duration::from_secs(3));
     }
 }

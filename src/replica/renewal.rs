@@ -131,7 +131,7 @@ impl Inner {
                         self.mark_lost(state, "renewal refused");
                     }
                 }
-                self.apply_recheck(&waiters, renewal.waiting);
+                self.apply_recheck(&waiters, renewal.waiting, sent);
                 self.retry_in_flight();
                 self.bury_ghosts();
                 self.release_suspects();
@@ -174,10 +174,15 @@ impl Inner {
     fn release_suspects(self: &Arc<Self>) {
         let suspects = std::mem::take(&mut *self.suspects.lock());
         for (chat, grant) in suspects {
-            // In `held` with that token, or on its way out: `release_turn` marks it
-            // releasing before it leaves `held`, so checking in this order never
-            // misses a turn whose release is in flight.
             let seq = grant.ticket.seq;
+            // Still being turned into a held turn: ask again on the next tick.
+            if self.in_hand.lock().contains(&seq) {
+                self.suspects.lock().push((chat, grant));
+                continue;
+            }
+            // In `held` with that token, or on its way out: `release_turn` marks it
+            // releasing before it leaves `held`, and a turn enters `held` before its
+            // ticket leaves `in_hand`, so checking in this order never misses one.
             let in_use = self
                 .held
                 .lock()
@@ -227,13 +232,34 @@ impl Inner {
         self.waiting.lock().first_placed_per_chat()
     }
 
-    /// Acts on the re-check's findings: grants found are delivered (a lost wake-up),
-    /// tickets the backend lost are enqueued again.
-    fn apply_recheck(self: &Arc<Self>, waiters: &[PlacedWaiter], states: Vec<TicketState>) {
+    /// Acts on the re-check's findings (of a call sent at `sent`): grants found are
+    /// delivered (a lost wake-up), tickets the backend lost are enqueued again.
+    fn apply_recheck(
+        self: &Arc<Self>,
+        waiters: &[PlacedWaiter],
+        states: Vec<TicketState>,
+        sent: Instant,
+    ) {
         for ((chat, seq, _), state) in waiters.iter().zip(states) {
+            // A ticket gone after our liveness in the chat may have lapsed (no call
+            // refreshed it for a TTL: a partition, a pause, a backend down that long)
+            // was most likely skipped, and its trace expired since: later messages
+            // may have run, so it is lost like a lapsed one, not queued again.
+            let state = match state {
+                TicketState::Gone
+                    if self
+                        .waiting
+                        .lock()
+                        .alive_from(*seq)
+                        .is_some_and(|t| t + self.trusted <= self.clock.now()) =>
+                {
+                    TicketState::Lapsed
+                }
+                other => other,
+            };
             match state {
                 TicketState::Granted(grant) => self.deliver(chat, grant),
-                TicketState::Waiting => {}
+                TicketState::Waiting => self.waiting.lock().refreshed(*seq, sent),
                 TicketState::Lapsed => {
                     // Skipped because this replica's liveness lapsed (it was paused or
                     // cut off for longer than a lease): later messages of the chat may

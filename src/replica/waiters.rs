@@ -23,6 +23,12 @@ pub(crate) struct Waiter<G> {
     pub(crate) since: Instant,
     /// Longest it may wait (`turn_wait`).
     pub(crate) wait: Duration,
+    /// When the last call that refreshed this ticket's liveness at the backend was
+    /// sent (its enqueue, then each re-check that found it waiting). A grant made to
+    /// it by another replica lapses with that liveness, a TTL after this at the
+    /// earliest: the bound on a pushed grant's lease, and the sign that the backend
+    /// may have skipped the ticket.
+    pub(crate) alive_from: Instant,
     /// Set once the backend confirmed the ticket is queued; only placed tickets are
     /// re-checked, so a ticket whose enqueue is still in flight is never reported lost.
     pub(crate) placed: bool,
@@ -79,6 +85,19 @@ impl<G> Waiters<G> {
                 w.placed = false;
             })
             .is_some()
+    }
+
+    /// Records that a call sent at `sent` found the ticket waiting, which refreshed
+    /// its liveness at the backend.
+    pub(crate) fn refreshed(&mut self, seq: u64, sent: Instant) {
+        if let Some(w) = self.map.get_mut(&seq) {
+            w.alive_from = w.alive_from.max(sent);
+        }
+    }
+
+    /// See [`Waiter::alive_from`]; `None` once the ticket is gone.
+    pub(crate) fn alive_from(&self, seq: u64) -> Option<Instant> {
+        self.map.get(&seq).map(|w| w.alive_from)
     }
 
     /// Whether a ticket still waits here.
@@ -166,6 +185,7 @@ mod tests {
             message_id: None,
             since,
             wait: Duration::from_secs(10),
+            alive_from: since,
             placed,
             in_flight: false,
             on_grant: "cb",
