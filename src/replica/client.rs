@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::lease::{TurnState, clock_ns, period};
+use super::lease::{TurnState, clock_ns};
 use super::names::{is_reserved, shown_chat, stored_chat};
 use super::turn::{Owner, Turn};
 use super::waiters::{PlacedWaiter, Waiters};
@@ -98,7 +98,7 @@ pub(crate) struct Inner {
     /// The first sequence number of this incarnation: tickets below it are a dead
     /// predecessor's with the same id (a restarted process), whose grants nobody here
     /// waits for and which are released at once.
-    first_seq: u64,
+    pub(super) first_seq: u64,
     /// `RUNNING`, `STOPPING` (no new tickets) or `ABORTED` (a simulated crash).
     state: AtomicU8,
     /// Tickets waiting for their grant.
@@ -286,36 +286,6 @@ impl Inner {
         }
     }
 
-    /// Takes a waiter out like [`Inner::take_waiter`], marking its ticket in hand
-    /// (see `in_hand`) until the returned guard drops: the taker turns a grant into a
-    /// held turn, or ends the wait, before that.
-    pub(crate) fn take_in_hand(&self, seq: u64) -> Option<(Waiter, InHand<'_>)> {
-        let w = {
-            let mut waiting = self.waiting.lock();
-            let w = waiting.take(seq);
-            // Under the table's lock: a second copy of the grant that finds the waiter
-            // gone also finds the ticket in hand.
-            if w.is_some() {
-                self.in_hand.lock().insert(seq);
-            }
-            w
-        }?;
-        if !is_reserved(&w.chat) {
-            dec(&self.metrics.waiting);
-        }
-        Some((w, InHand { inner: self, seq }))
-    }
-
-    pub(crate) fn take_waiter(&self, seq: u64) -> Option<Waiter> {
-        let w = self.waiting.lock().take(seq);
-        if let Some(w) = &w
-            && !is_reserved(&w.chat)
-        {
-            dec(&self.metrics.waiting);
-        }
-        w
-    }
-
     /// Confirms a held lease with one renewal round trip before something that must
     /// not run on a stale grant (a pushed grant may arrive late, after the backend
     /// gave the lease to someone else). Extends it by our clock on success.
@@ -492,133 +462,6 @@ impl Inner {
         }
     }
 
-    /// Routes a grant heard of after the fact (a push, the re-check, a cancel that
-    /// found it granted) to its waiter; a grant nobody waits for is released.
-    pub(crate) fn deliver(self: &Arc<Self>, chat: &str, grant: Grant) {
-        self.deliver_from(chat, grant, None);
-    }
-
-    /// Routes a grant to its waiter. `sent` is given for a grant made fresh in the
-    /// reply to our own call sent then (a release handing the chat on to another of
-    /// our tickets): the backend gave it a full TTL after that.
-    pub(crate) fn deliver_from(self: &Arc<Self>, chat: &str, grant: Grant, sent: Option<Instant>) {
-        if self.is_aborted() {
-            return;
-        }
-        match self.take_in_hand(grant.ticket.seq) {
-            Some((w, _in_hand)) => self.use_grant(chat, w, grant, sent),
-            None => {
-                // The same grant reached us twice (a push, a release's reply, the
-                // re-check, a cancel that found it granted); whoever took the waiter
-                // owns it. Releasing it here would free a turn a handler may be using,
-                // unless it is a ghost's: nobody uses that one.
-                let ghost = {
-                    let mut ghosts = self.ghosts.lock();
-                    let at = ghosts.iter().position(|g| g.1 == grant.ticket.seq);
-                    at.map(|i| ghosts.swap_remove(i))
-                };
-                if ghost.is_some() || grant.ticket.seq < self.first_seq {
-                    // A ghost's, or a dead predecessor's (same id, earlier process):
-                    // nobody here will use it.
-                    self.release_ghost(chat, &grant);
-                } else {
-                    // Usually a second copy of a grant a turn now holds. But it may be
-                    // a later grant of a requeued copy of the ticket (the re-check
-                    // queued it again while an old push was on its way), which nobody
-                    // will use and which would hold the chat until its lease lapses.
-                    // The next renewal tick tells them apart, once the turn that took
-                    // the waiter is surely registered.
-                    log::debug!(target: "botmesh::replica", "grant {} on chat {chat:?} already taken", grant.ticket);
-                    self.suspects.lock().push((Arc::from(chat), grant));
-                }
-            }
-        }
-    }
-
-    /// Hands `grant` to `w`, the waiter taken for it, with the lease's end by our
-    /// clock; a grant with too little left (or read while this process was stalled)
-    /// is confirmed with one renewal round trip first, and reported lost if it
-    /// lapsed. `sent` as in [`Inner::deliver_from`].
-    fn use_grant(self: &Arc<Self>, chat: &str, w: Waiter, grant: Grant, sent: Option<Instant>) {
-        let now = self.clock.now();
-        let now_ns = clock_ns(now);
-        // Where the backend's lease ends at the earliest, by our clock. A grant
-        // another replica made lapses with our liveness in the chat, which
-        // lasts a TTL from the last call that refreshed it: after a partition
-        // or a pause it may have been granted with little left, or lapsed and
-        // been given on (the handler would then run on a stale turn).
-        let until = sent.unwrap_or(w.alive_from) + self.trusted;
-        let silent = now_ns.saturating_sub(self.last_tick.load(Ordering::Acquire));
-        let stalled = u128::from(silent) > period(self.ttl).as_nanos()
-            || now_ns < self.confirm_until.load(Ordering::Acquire);
-        // Too little left to reach the next renewal: confirm it now instead.
-        if !stalled && until >= now + period(self.ttl) {
-            return self.grant_to(w, grant, true, until);
-        }
-        // Possibly read long after it was sent: ask the backend.
-        let lease = HeldLease {
-            chat,
-            ticket: &grant.ticket,
-            token: grant.token,
-        };
-        match self
-            .coordinator
-            .renew(&self.id, std::slice::from_ref(&lease), &[])
-        {
-            Ok(r) if r.held.first() == Some(&true) => {
-                self.grant_to(w, grant, true, now + self.trusted);
-            }
-            answer => {
-                if answer.is_err() {
-                    inc(&self.metrics.backend_errors);
-                }
-                // Lapsed unread (or unconfirmable): its place is gone; running
-                // it now could break its chat's order or overlap a newer turn.
-                log::warn!(target: "botmesh::replica", "grant {} on chat {chat:?} lapsed before it could be used", grant.ticket);
-                if !is_reserved(&w.chat) {
-                    inc(&self.metrics.lost);
-                }
-                self.release_ghost(chat, &grant);
-                (w.on_grant)(Err(NoTurn::Failed(CoordinationUnavailableError::new(
-                    Reason::Lost,
-                    shown_chat(&w.chat),
-                    w.message_id.as_deref(),
-                ))));
-            }
-        }
-    }
-
-    /// Turns a grant into a held turn and hands it to the waiter. `valid_until` is when
-    /// the lease ends by this replica's own clock, at the latest.
-    fn grant_to(self: &Arc<Self>, w: Waiter, grant: Grant, queued: bool, valid_until: Instant) {
-        let waited = self.clock.now().saturating_duration_since(w.since);
-        let state = Arc::new(TurnState {
-            chat: w.chat,
-            ticket: grant.ticket,
-            token: grant.token,
-            previous: grant.previous,
-            message_id: w.message_id,
-            waited,
-            lost: Default::default(),
-            valid_until: AtomicU64::new(clock_ns(valid_until)),
-        });
-        self.held.lock().insert(state.ticket.seq, state.clone());
-        let metered = !is_reserved(&state.chat);
-        if metered {
-            inc(&self.metrics.granted);
-            inc(&self.metrics.held);
-            if queued {
-                inc(&self.metrics.waited);
-            }
-            self.metrics.record_wait(waited);
-        }
-        let turn = Turn::new(state, self.clone());
-        if metered && turn.is_handover() {
-            inc(&self.metrics.handovers);
-        }
-        (w.on_grant)(Ok(turn));
-    }
-
     fn release_turn(
         self: &Arc<Self>,
         state: &TurnState,
@@ -791,15 +634,3 @@ impl Owner for Inner {
 #[cfg(test)]
 #[path = "client_tests.rs"]
 mod tests;
-
-/// A ticket marked in hand (see [`Inner::take_in_hand`]); unmarked on drop.
-pub(crate) struct InHand<'a> {
-    inner: &'a Inner,
-    seq: u64,
-}
-
-impl Drop for InHand<'_> {
-    fn drop(&mut self) {
-        self.inner.in_hand.lock().remove(&self.seq);
-    }
-}

@@ -24,6 +24,7 @@ use crate::error::{CoordinationUnavailableError, Reason};
 use crate::metrics::{Metrics, MetricsSnapshot};
 
 mod client;
+mod grants;
 mod lease;
 mod names;
 mod renewal;
