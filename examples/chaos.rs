@@ -184,6 +184,7 @@ fn replay_options(o: &ChaosOptions, url: &str) -> Result<args::Options, String> 
         ("--workers", o.workers.to_string()),
         ("--seed", o.seed.to_string()),
         ("--handler-ms", o.handler_ms.to_string()),
+        ("--max-backlog", o.max_backlog.to_string()),
     ] {
         argv.push(flag.into());
         argv.push(value.into());

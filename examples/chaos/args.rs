@@ -30,6 +30,8 @@ options:
   --handler-ms MS       simulated work per message, in ms [default: 3]
   --lease-ttl DURATION  lease TTL, e.g. 1s, 500ms [default: 1s]
   --turn-wait DURATION  longest wait for a chat's turn [default: 10s]
+  --max-backlog N       a chat's next update waits while N of its updates were accepted and
+                        have not ended (Telegram holds updates for a slow bot) [default: 50]
   --log PATH            the replay's event log (JSON lines); the faults go to PATH.faults
   --json                stdout is only the JSON summary (the human one goes to stderr)
   -h, --help            print this help
@@ -51,6 +53,7 @@ pub struct ChaosOptions {
     pub handler_ms: f64,
     pub lease_ttl: Duration,
     pub turn_wait: Duration,
+    pub max_backlog: usize,
     pub log: Option<PathBuf>,
     pub json: bool,
 }
@@ -82,6 +85,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String
         handler_ms: 3.0,
         lease_ttl: Duration::from_secs(1),
         turn_wait: Duration::from_secs(10),
+        max_backlog: 50,
         log: None,
         json: false,
     };
@@ -156,6 +160,9 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String
                     Duration::from_millis(100),
                     Duration::from_secs(3600),
                 )?;
+            }
+            Long("max-backlog") => {
+                o.max_backlog = whole(&mut parser, "--max-backlog", 1, 1_000_000)?;
             }
             Long("log") => o.log = Some(PathBuf::from(value(&mut parser, "--log")?)),
             Long("json") => o.json = true,

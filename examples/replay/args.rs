@@ -35,6 +35,9 @@ options:
                            --senders is then the intake threads of each replica process
   --kill-replica-at F      with --processes: SIGKILL one replica once the fraction F (0 to 1)
                            of the updates was delivered; its unfinished updates are redelivered
+  --max-backlog N          with --processes: the platform holds a chat's next update while N
+                           of its updates were accepted and have not ended, as Telegram holds
+                           updates for a slow bot [default: no limit]
   --log PATH               write one JSON line per update as it ends
   --json                   end stdout with one JSON record (the shared benchmark record format)
   -h, --help               print this help
@@ -90,6 +93,9 @@ pub struct Options {
     /// With `processes`: SIGKILL one replica once this fraction of the updates was
     /// delivered.
     pub kill_replica_at: Option<f64>,
+    /// With `processes`: a chat's next update waits while this many of its updates were
+    /// accepted and have not ended (a platform holding updates for a slow bot).
+    pub max_backlog: Option<usize>,
     /// Set in a replica process the parent started (hidden flag `--child-replica`): this
     /// process is that replica and speaks the line protocol on stdin/stdout.
     pub child_replica: Option<String>,
@@ -124,6 +130,7 @@ impl Options {
             lease_ttl: None,
             processes: false,
             kill_replica_at: None,
+            max_backlog: None,
             child_replica: None,
             part: None,
             log: None,
@@ -155,6 +162,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String
             Long("updates") => o.updates = PathBuf::from(value(&mut parser, "--updates")?),
             Long("replicas") => o.replicas = count(&mut parser, "--replicas")?,
             Long("workers") => o.workers = count(&mut parser, "--workers")?,
+            Long("max-backlog") => o.max_backlog = Some(count(&mut parser, "--max-backlog")?),
             Long("senders") => o.senders = count(&mut parser, "--senders")?,
             Long("seed") => {
                 let v = text(&mut parser, "--seed")?;

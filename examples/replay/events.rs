@@ -192,7 +192,8 @@ impl Dispatcher {
             update.ended_otherwise = true;
         }
         update.ends += 1;
-        if update.ends == 1 {
+        let first_end = update.ends == 1;
+        if first_end {
             c.ended += 1;
         } else if update.redelivered {
             c.redelivered_ended_twice += 1;
@@ -200,6 +201,10 @@ impl Dispatcher {
             c.ended_twice += 1;
         }
         let redelivered = update.redelivered;
+        let sent_at = update.sent_at;
+        if first_end && let Some(chat) = self.trace.entries.get(index).map(|e| e.chat) {
+            self.unblock(chat);
+        }
         let Some(entry) = self.trace.entries.get(index) else {
             return;
         };
@@ -214,9 +219,7 @@ impl Dispatcher {
                 update_id: entry.update_id,
                 reason,
                 replica: from_name.clone(),
-                sent: update
-                    .sent_at
-                    .map_or(Duration::ZERO, |t| t.saturating_duration_since(self.start)),
+                sent: sent_at.map_or(Duration::ZERO, |t| t.saturating_duration_since(self.start)),
                 at: now.saturating_duration_since(self.start),
                 redelivered,
             });
@@ -322,12 +325,27 @@ impl Dispatcher {
         self.start.checked_add(offset)
     }
 
+    /// One of the chat's updates ended: one fewer open, and a chat held back by
+    /// `--max-backlog` sends its next update on the next turn of the loop (not by
+    /// recursion from here).
+    fn unblock(&mut self, chat: usize) {
+        let Some(c) = self.chats.get_mut(chat) else {
+            return;
+        };
+        c.open = c.open.saturating_sub(1);
+        if self.o.max_backlog.is_some() && c.awaiting.is_none() && !c.timer {
+            c.timer = true;
+            self.timers
+                .push(Reverse((Instant::now(), Timer::Due(chat))));
+        }
+    }
+
     /// Sends the chat's next update, unless it waits for an answer or its time.
     pub(super) fn send_next(&mut self, chat: usize) {
         let Some(c) = self.chats.get(chat) else {
             return;
         };
-        if c.awaiting.is_some() || c.timer {
+        if c.awaiting.is_some() || c.timer || self.o.max_backlog.is_some_and(|n| c.open >= n) {
             return;
         }
         let Some(&index) = c.updates.get(c.next) else {
@@ -345,6 +363,7 @@ impl Dispatcher {
         if let Some(c) = self.chats.get_mut(chat) {
             c.next += 1;
             c.awaiting = Some(index);
+            c.open += 1;
         }
         self.counts.delivered += 1;
         self.deliver(index);

@@ -94,6 +94,8 @@ struct Chat {
     awaiting: Option<usize>,
     /// A `Due` timer for it is queued: nothing else may send for it meanwhile.
     timer: bool,
+    /// Its updates delivered and not ended yet (for `--max-backlog`).
+    open: usize,
 }
 
 /// A handler run, for the checks after the replay.
