@@ -130,7 +130,7 @@ pub use error::{CoordinationUnavailableError, Error, HandlerError, Reason};
 pub use flow::{Answer, Cancelled, Capture, Flow, State, StepContext};
 pub use intake::Intake;
 pub use memory::MemoryCoordinator;
-pub use message::{Message, Outcome};
+pub use message::{MAX_CHAT_ID_BYTES, MAX_MESSAGE_ID_BYTES, Message, Outcome};
 pub use metrics::{MetricsSnapshot, WAIT_BUCKETS};
 pub use provider::{
     Capabilities, CloseReason, Provider, ProviderError, Session, Status, StatusSender,

@@ -486,7 +486,7 @@ impl Shared {
         }
         let released = turn.release_handled();
         let outcome = match (released, failure) {
-            (Err(e), _) => Outcome::Dropped(e),
+            (Err(e), _) => Outcome::Dropped(e.after_handler()),
             (Ok(()), Some(text)) => Outcome::Failed(text),
             (Ok(()), None) => Outcome::Handled { token, waited },
         };

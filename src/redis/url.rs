@@ -1,0 +1,40 @@
+//! The Redis URL and password: parsed once, checked at config load, and turned into the
+//! client's connection settings with a password given apart from the URL applied.
+
+use redis::{ConnectionInfo, IntoConnectionInfo};
+
+use super::RedisOptions;
+
+/// Parses a Redis URL the way the client will; the error names the field and what is
+/// wrong, never the URL (it may hold a password). `field` goes first in the text.
+pub(crate) fn check_parses(field: &str, url: &str) -> Result<(), String> {
+    url.into_connection_info().map(|_| ()).map_err(|e| {
+        format!(
+            "{field}: not a usable Redis URL: {} (expected redis://[user:password@]host:port[/db] \
+             with a numeric port and database; the value is not shown, as it may hold a password)",
+            // "what - Kind": the kind adds nothing for a reader.
+            match e.to_string().split_once(" - ") {
+                Some((what, _)) => what.to_owned(),
+                None => e.to_string(),
+            }
+        )
+    })
+}
+
+/// The client's connection settings: the URL, with `password` (given apart from the
+/// URL, e.g. from an environment variable) taking the place of any password in it.
+pub(super) fn connection_info(o: &RedisOptions) -> Result<ConnectionInfo, String> {
+    check_parses("url", &o.url)?;
+    let info = o
+        .url
+        .as_str()
+        .into_connection_info()
+        .map_err(|e| format!("url: not a usable Redis URL ({e})"))?;
+    Ok(match &o.password {
+        Some(pw) => {
+            let settings = info.redis_settings().clone().set_password(pw);
+            info.set_redis_settings(settings)
+        }
+        None => info,
+    })
+}
