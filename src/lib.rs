@@ -115,6 +115,7 @@ pub mod ffi;
 
 pub use bot::{
     Bot, BotBuilder, Context, DEFAULT_WORKERS, ErrorHook, Handler, OutcomeHook, StartError,
+    StopError,
 };
 pub use clock::Clock;
 pub use config::{
