@@ -24,8 +24,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use botmesh::{
-    Bot, Capabilities, CoordinationConfig, CoordinatorConfig, MemoryCoordinator, Message,
-    Provider, ProviderError, Session, Status,
+    Bot, Capabilities, CoordinationConfig, CoordinatorConfig, MemoryCoordinator, Message, Provider,
+    ProviderError, Session, Status,
 };
 
 /// A stand-in exclusive transport: opens at once, counts what it would send.
@@ -101,7 +101,9 @@ fn run(port: u16, messages: u64) -> Result<(), String> {
     let coordinator = Arc::new(MemoryCoordinator::new());
     let bot = Bot::builder()
         .id("metrics-demo")
-        .coordination(CoordinationConfig::new(CoordinatorConfig::Shared(coordinator)))
+        .coordination(CoordinationConfig::new(CoordinatorConfig::Shared(
+            coordinator,
+        )))
         .provider(Arc::new(Counting(AtomicU64::new(0))))
         .handler(|ctx| Ok(ctx.reply("ok")?))
         .build()

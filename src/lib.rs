@@ -123,9 +123,9 @@ pub use config::{
     HandoverConfig, MemoryOptions, ProviderSession,
 };
 pub use coordinator::{
-    BackendError, CHECKPOINT_TTL, Coordinator, DEFAULT_DEDUP_WINDOW, DEFAULT_LEASE_TTL,
-    EnqueueRequest, Enqueued, Grant, GrantSink, HISTORY, HeldLease, Previous, Released, Renewal,
-    ReplicaId, Ticket, TicketState, Token, Waiting,
+    BackendError, CHECKPOINT_TTL, ChatView, Coordinator, DEFAULT_DEDUP_WINDOW, DEFAULT_LEASE_TTL,
+    EnqueueRequest, Enqueued, Grant, GrantSink, HISTORY, HeldLease, HolderView, LeaderView,
+    MeshView, Previous, Released, Renewal, ReplicaId, Ticket, TicketState, Token, Waiting,
 };
 pub use error::{CoordinationUnavailableError, Error, HandlerError, Reason};
 pub use flow::{Answer, Cancelled, Capture, Flow, State, StepContext};

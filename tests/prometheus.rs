@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use botmesh::{
-    Bot, Capabilities, CoordinationConfig, CoordinatorConfig, MemoryCoordinator, Message,
-    Provider, ProviderError, Session, Status,
+    Bot, Capabilities, CoordinationConfig, CoordinatorConfig, MemoryCoordinator, Message, Provider,
+    ProviderError, Session, Status,
 };
 use crossbeam_channel::{bounded, unbounded};
 
@@ -100,7 +100,10 @@ fn parse(text: &str) -> (BTreeMap<String, String>, Vec<Sample>) {
             let (name, kind) = rest.split_once(' ').expect("type");
             assert!(is_name(name), "{line}");
             assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
-            assert!(types.insert(name.to_owned(), kind.to_owned()).is_none(), "twice: {line}");
+            assert!(
+                types.insert(name.to_owned(), kind.to_owned()).is_none(),
+                "twice: {line}"
+            );
         } else {
             let end = line.find(['{', ' ']).expect("sample");
             let name = &line[..end];
@@ -109,9 +112,14 @@ fn parse(text: &str) -> (BTreeMap<String, String>, Vec<Sample>) {
             let value: f64 = rest.trim().parse().expect("value");
             let family = ["_bucket", "_sum", "_count"]
                 .iter()
-                .find_map(|s| name.strip_suffix(s).filter(|f| types.get(*f).is_some_and(|k| k == "histogram")))
+                .find_map(|s| {
+                    name.strip_suffix(s)
+                        .filter(|f| types.get(*f).is_some_and(|k| k == "histogram"))
+                })
                 .unwrap_or(name);
-            let kind = types.get(family).unwrap_or_else(|| panic!("no TYPE before {line}"));
+            let kind = types
+                .get(family)
+                .unwrap_or_else(|| panic!("no TYPE before {line}"));
             if kind == "counter" {
                 assert!(name.ends_with("_total"), "{line}");
             }
@@ -132,7 +140,9 @@ fn metrics_text_parses_back_with_counters_histogram_and_leader_gauge() {
     let coordinator = Arc::new(MemoryCoordinator::new());
     let bot = Bot::builder()
         .id("r1")
-        .coordination(CoordinationConfig::new(CoordinatorConfig::Shared(coordinator)))
+        .coordination(CoordinationConfig::new(CoordinatorConfig::Shared(
+            coordinator,
+        )))
         .provider(Arc::new(Exclusive(opened_tx)))
         .handler(|_| Ok(()))
         .on_outcome(move |_, _| {
@@ -140,17 +150,24 @@ fn metrics_text_parses_back_with_counters_histogram_and_leader_gauge() {
         })
         .build()
         .expect("bot");
-    opened_rx.recv_timeout(Duration::from_secs(10)).expect("leads");
+    opened_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("leads");
     for i in 0..20 {
         bot.intake()
             .deliver(Message::new(format!("secret-chat-{}", i % 3), "x").with_id(i.to_string()))
             .expect("deliver");
     }
     for _ in 0..20 {
-        ended_rx.recv_timeout(Duration::from_secs(10)).expect("ended");
+        ended_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("ended");
     }
     let text = bot.metrics_text();
-    assert!(!text.contains("secret-chat"), "a chat id in the metrics:\n{text}");
+    assert!(
+        !text.contains("secret-chat"),
+        "a chat id in the metrics:\n{text}"
+    );
     let (types, samples) = parse(&text);
     let get = |name: &str| {
         samples

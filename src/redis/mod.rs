@@ -72,11 +72,12 @@ use redis::{Client, Connection, ErrorKind, RedisError, Script, ServerErrorKind, 
 use serde::Deserialize;
 
 use crate::coordinator::{
-    BackendError, CHECKPOINT_TTL, Coordinator, DEFAULT_DEDUP_WINDOW, DEFAULT_LEASE_TTL,
-    EnqueueRequest, Enqueued, Grant, GrantSink, HISTORY, HeldLease, Released, Renewal, ReplicaId,
-    TicketState, Token, Waiting,
+    BackendError, CHECKPOINT_TTL, ChatView, Coordinator, DEFAULT_DEDUP_WINDOW, DEFAULT_LEASE_TTL,
+    EnqueueRequest, Enqueued, Grant, GrantSink, HISTORY, HeldLease, MeshView, Released, Renewal,
+    ReplicaId, TicketState, Token, Waiting,
 };
 
+mod inspect;
 mod keys;
 mod scripts;
 mod url;
@@ -714,6 +715,14 @@ impl Coordinator for RedisCoordinator {
             Some("lost") => Ok(Released::Lost),
             _ => Err(BackendError::new("unexpected release reply from Redis")),
         }
+    }
+
+    fn inspect_chat(&self, chat: &str) -> Result<ChatView, BackendError> {
+        self.inspect_chat_impl(chat)
+    }
+
+    fn inspect(&self, limit: usize) -> Result<MeshView, BackendError> {
+        self.inspect_impl(limit)
     }
 
     fn renew(
