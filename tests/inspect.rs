@@ -91,7 +91,18 @@ fn inspection_shows_holders_queues_replicas_and_leaders(c: Arc<dyn Coordinator>,
     let idle = c.inspect_chat("nobody").expect("inspect idle");
     assert_eq!((idle.holder, idle.queued, idle.previous), (None, 0, None));
 
-    let mesh = c.inspect(100).expect("inspect all");
+    // r2's leadership thread queues its standby ticket on its own schedule: wait
+    // until the backend shows it (a condition on observable state, with a deadline).
+    let deadline = std::time::Instant::now() + WAIT;
+    let mesh = loop {
+        let mesh = c.inspect(100).expect("inspect all");
+        if mesh.leaders.first().is_some_and(|l| l.standbys == 1)
+            || std::time::Instant::now() > deadline
+        {
+            break mesh;
+        }
+        std::thread::yield_now();
+    };
     assert!(!mesh.truncated);
     assert_eq!(mesh.chats.len(), 1, "{mesh:?}");
     assert_eq!(

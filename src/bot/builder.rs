@@ -79,7 +79,7 @@ impl std::error::Error for StartError {
 ///     })
 ///     .build()
 ///     .unwrap();
-/// intake_of(&shared).deliver(Message::new("chat-1", "hi").with_id("1")).unwrap();
+/// bot.intake().deliver(Message::new("chat-1", "hi").with_id("1")).unwrap();
 /// bot.shutdown(); // waits for the message to end
 /// ```
 #[must_use]

@@ -6,7 +6,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::RedisCoordinator;
+use redis::{Connection, FromRedisValue, RedisError, Value};
+
 use super::keys::{ChatKeys, parse_ticket};
 use crate::coordinator::{
     BackendError, ChatView, HolderView, LeaderView, LeaseName, MeshView, Previous, ReplicaId,
@@ -106,146 +107,160 @@ fn view_of(chat: &str, r: Read) -> ChatView {
     }
 }
 
-impl RedisCoordinator {
-    /// Reads the given stored chats in one pipeline (4 reads each).
-    fn read_chats(&self, stored: &[String]) -> Result<Vec<Read>, BackendError> {
-        if stored.is_empty() {
-            return Ok(Vec::new());
+/// What an inspection needs from the coordinator: its prefixes and a connection.
+pub(super) trait Reads {
+    /// The key prefix.
+    fn prefix(&self) -> &str;
+    /// The prefix of the replicas' wake channels.
+    fn wake_prefix(&self) -> String;
+    /// Runs `f` on a pooled connection (with the coordinator's retry).
+    fn read(
+        &self,
+        f: &mut dyn FnMut(&mut Connection) -> Result<Value, RedisError>,
+    ) -> Result<Value, BackendError>;
+}
+
+fn typed<T: FromRedisValue>(v: Value) -> Result<T, BackendError> {
+    redis::from_redis_value(v).map_err(|e| BackendError::new(format!("unexpected reply: {e}")))
+}
+
+/// Reads the given stored chats in one pipeline (4 reads each).
+fn read_chats(r: &impl Reads, stored: &[String]) -> Result<Vec<Read>, BackendError> {
+    if stored.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for name in stored {
+        let keys = ChatKeys::new(r.prefix(), name);
+        pipe.cmd("GET").arg(keys.key("h"));
+        pipe.cmd("PTTL").arg(keys.key("h"));
+        pipe.cmd("LLEN").arg(keys.key("q"));
+        pipe.cmd("GET").arg(keys.key("l"));
+    }
+    type Row = (Option<String>, i64, usize, Option<String>);
+    let replies: Vec<Value> = typed(r.read(&mut |con| pipe.query(con))?)?;
+    let mut out = Vec::with_capacity(stored.len());
+    let mut it = replies.into_iter();
+    while let (Some(h), Some(p), Some(q), Some(l)) = (it.next(), it.next(), it.next(), it.next()) {
+        let row: Row = (typed(h)?, typed(p)?, typed(q)?, typed(l)?);
+        out.push(Read {
+            holder: row.0,
+            pttl: row.1,
+            queued: row.2,
+            last: row.3,
+        });
+    }
+    Ok(out)
+}
+
+/// `SCAN … MATCH pattern COUNT n` until the end or until `found` holds `limit`
+/// names; returns whether it stopped early.
+fn scan_chats(
+    r: &impl Reads,
+    pattern: &str,
+    suffixes: &[&str],
+    limit: usize,
+    found: &mut BTreeSet<String>,
+) -> Result<bool, BackendError> {
+    let prefix = r.prefix();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = typed(r.read(&mut |con| {
+            redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT)
+                .query(con)
+        })?)?;
+        for key in keys {
+            if let Some(name) = suffixes.iter().find_map(|s| chat_of(prefix, &key, s)) {
+                found.insert(name);
+            }
         }
-        let mut pipe = redis::pipe();
-        for name in stored {
-            let keys = ChatKeys::new(&self.options.key_prefix, name);
-            pipe.cmd("GET").arg(keys.key("h"));
-            pipe.cmd("PTTL").arg(keys.key("h"));
-            pipe.cmd("LLEN").arg(keys.key("q"));
-            pipe.cmd("GET").arg(keys.key("l"));
+        if found.len() > limit {
+            return Ok(true);
         }
-        type Row = (Option<String>, i64, usize, Option<String>);
-        let replies: Vec<redis::Value> = self.with_conn(|con| pipe.query(con))?;
-        let mut out = Vec::with_capacity(stored.len());
-        let bad = |e: redis::ParsingError| BackendError::new(format!("unexpected reply: {e}"));
-        let mut it = replies.into_iter();
-        while let (Some(h), Some(p), Some(q), Some(l)) =
-            (it.next(), it.next(), it.next(), it.next())
-        {
-            let row: Row = (
-                redis::from_redis_value(h).map_err(bad)?,
-                redis::from_redis_value(p).map_err(bad)?,
-                redis::from_redis_value(q).map_err(bad)?,
-                redis::from_redis_value(l).map_err(bad)?,
-            );
-            out.push(Read {
-                holder: row.0,
-                pttl: row.1,
-                queued: row.2,
-                last: row.3,
+        if next == 0 {
+            return Ok(false);
+        }
+        cursor = next;
+    }
+}
+
+pub(super) fn inspect_chat(r: &impl Reads, chat: &str) -> Result<ChatView, BackendError> {
+    let stored = stored_name(chat).into_owned();
+    let mut reads = read_chats(r, std::slice::from_ref(&stored))?;
+    let read = reads
+        .pop()
+        .ok_or_else(|| BackendError::new("short pipeline reply from Redis"))?;
+    Ok(view_of(chat, read))
+}
+
+pub(super) fn inspect(r: &impl Reads, limit: usize) -> Result<MeshView, BackendError> {
+    let p = glob_escape(r.prefix());
+    let mut names = BTreeSet::new();
+    let truncated = scan_chats(
+        r,
+        &format!("{p}:{{*}}:[hq]"),
+        &[":h", ":q"],
+        limit,
+        &mut names,
+    )?;
+    // Leaderships apart, so a truncated chat scan cannot hide them.
+    let mut leaders = BTreeSet::new();
+    scan_chats(
+        r,
+        &format!("{p}:{{\0provider:*}}:[hq]"),
+        &[":h", ":q"],
+        limit,
+        &mut leaders,
+    )?;
+    let mut chats: Vec<String> = names
+        .into_iter()
+        .filter(|n| matches!(lease_name(n), LeaseName::Chat(_)))
+        .collect();
+    chats.truncate(limit);
+    let leaders: Vec<String> = leaders.into_iter().collect();
+    let mut view = MeshView {
+        truncated,
+        ..MeshView::default()
+    };
+    for (name, read) in chats.iter().zip(read_chats(r, &chats)?) {
+        if let LeaseName::Chat(chat) = lease_name(name) {
+            let v = view_of(chat, read);
+            if v.holder.is_some() || v.queued > 0 {
+                view.chats.push(v);
+            }
+        }
+    }
+    for (name, read) in leaders.iter().zip(read_chats(r, &leaders)?) {
+        if let LeaseName::Provider(id) = lease_name(name) {
+            let v = view_of(id, read);
+            view.leaders.push(LeaderView {
+                provider: id.to_owned(),
+                holder: v.holder,
+                standbys: v.queued,
             });
         }
-        Ok(out)
     }
-
-    /// `SCAN … MATCH pattern COUNT n` until the end or until `found` holds `limit`
-    /// names; returns whether it stopped early.
-    fn scan_chats(
-        &self,
-        pattern: &str,
-        suffixes: &[&str],
-        limit: usize,
-        found: &mut BTreeSet<String>,
-    ) -> Result<bool, BackendError> {
-        let prefix = &self.options.key_prefix;
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = self.with_conn(|con| {
-                redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(pattern)
-                    .arg("COUNT")
-                    .arg(SCAN_COUNT)
-                    .query(con)
-            })?;
-            for key in keys {
-                if let Some(name) = suffixes.iter().find_map(|s| chat_of(prefix, &key, s)) {
-                    found.insert(name);
-                }
-            }
-            if found.len() > limit {
-                return Ok(true);
-            }
-            if next == 0 {
-                return Ok(false);
-            }
-            cursor = next;
-        }
-    }
-
-    pub(super) fn inspect_chat_impl(&self, chat: &str) -> Result<ChatView, BackendError> {
-        let stored = stored_name(chat).into_owned();
-        let mut reads = self.read_chats(std::slice::from_ref(&stored))?;
-        let read = reads
-            .pop()
-            .ok_or_else(|| BackendError::new("short pipeline reply from Redis"))?;
-        Ok(view_of(chat, read))
-    }
-
-    pub(super) fn inspect_impl(&self, limit: usize) -> Result<MeshView, BackendError> {
-        let p = glob_escape(&self.options.key_prefix);
-        let mut names = BTreeSet::new();
-        let truncated =
-            self.scan_chats(&format!("{p}:{{*}}:[hq]"), &[":h", ":q"], limit, &mut names)?;
-        // Leaderships apart, so a truncated chat scan cannot hide them.
-        let mut leaders = BTreeSet::new();
-        self.scan_chats(
-            &format!("{p}:{{\0provider:*}}:[hq]"),
-            &[":h", ":q"],
-            limit,
-            &mut leaders,
-        )?;
-        let mut chats: Vec<String> = names
-            .into_iter()
-            .filter(|n| matches!(lease_name(n), LeaseName::Chat(_)))
-            .collect();
-        chats.truncate(limit);
-        let leaders: Vec<String> = leaders.into_iter().collect();
-        let mut view = MeshView {
-            truncated,
-            ..MeshView::default()
-        };
-        for (name, read) in chats.iter().zip(self.read_chats(&chats)?) {
-            if let LeaseName::Chat(chat) = lease_name(name) {
-                let v = view_of(chat, read);
-                if v.holder.is_some() || v.queued > 0 {
-                    view.chats.push(v);
-                }
-            }
-        }
-        for (name, read) in leaders.iter().zip(self.read_chats(&leaders)?) {
-            if let LeaseName::Provider(id) = lease_name(name) {
-                let v = view_of(id, read);
-                view.leaders.push(LeaderView {
-                    provider: id.to_owned(),
-                    holder: v.holder,
-                    standbys: v.queued,
-                });
-            }
-        }
-        let wake = self.wake_prefix();
-        let channels: Vec<String> = self.with_conn(|con| {
-            redis::cmd("PUBSUB")
-                .arg("CHANNELS")
-                .arg(format!("{}*", glob_escape(&wake)))
-                .query(con)
-        })?;
-        let mut replicas: Vec<ReplicaId> = channels
-            .iter()
-            .filter_map(|c| c.strip_prefix(&wake))
-            .map(Arc::from)
-            .collect();
-        replicas.sort();
-        view.replicas = replicas;
-        Ok(view)
-    }
+    let wake = r.wake_prefix();
+    let pattern = format!("{}*", glob_escape(&wake));
+    let channels: Vec<String> = typed(r.read(&mut |con| {
+        redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg(&pattern)
+            .query(con)
+    })?)?;
+    let mut replicas: Vec<ReplicaId> = channels
+        .iter()
+        .filter_map(|c| c.strip_prefix(&wake))
+        .map(Arc::from)
+        .collect();
+    replicas.sort();
+    view.replicas = replicas;
+    Ok(view)
 }
 
 #[cfg(test)]

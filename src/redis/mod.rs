@@ -338,8 +338,11 @@ impl RedisCoordinator {
             }
         }
         check_timeout_fits_lease(&options).map_err(BackendError::new)?;
-        let client = Client::open(connection_info(&options).map_err(BackendError::new)?)
-            .map_err(|e| BackendError::new(format!("url: not a usable Redis URL ({e})")))?;
+        let client = Client::open(
+            connection_info(&options.url, options.password.as_deref())
+                .map_err(BackendError::new)?,
+        )
+        .map_err(|e| BackendError::new(format!("url: not a usable Redis URL ({e})")))?;
         let server = client.get_connection_info().addr().to_string();
         let ttl_ms = u64::try_from(options.lease_ttl.as_millis()).unwrap_or(u64::MAX);
         let me = RedisCoordinator {
@@ -489,6 +492,21 @@ impl RedisCoordinator {
                 log::error!(target: "botmesh::redis", "the subscriber thread panicked");
             }
         }
+    }
+}
+
+impl inspect::Reads for RedisCoordinator {
+    fn prefix(&self) -> &str {
+        &self.options.key_prefix
+    }
+    fn wake_prefix(&self) -> String {
+        RedisCoordinator::wake_prefix(self)
+    }
+    fn read(
+        &self,
+        f: &mut dyn FnMut(&mut Connection) -> Result<Value, RedisError>,
+    ) -> Result<Value, BackendError> {
+        self.with_conn(f)
     }
 }
 
@@ -718,11 +736,11 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn inspect_chat(&self, chat: &str) -> Result<ChatView, BackendError> {
-        self.inspect_chat_impl(chat)
+        inspect::inspect_chat(self, chat)
     }
 
     fn inspect(&self, limit: usize) -> Result<MeshView, BackendError> {
-        self.inspect_impl(limit)
+        inspect::inspect(self, limit)
     }
 
     fn renew(

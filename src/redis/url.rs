@@ -3,8 +3,6 @@
 
 use redis::{ConnectionInfo, IntoConnectionInfo};
 
-use super::RedisOptions;
-
 /// Parses a Redis URL the way the client will; the error names the field and what is
 /// wrong, never the URL (it may hold a password). `field` goes first in the text.
 pub(crate) fn check_parses(field: &str, url: &str) -> Result<(), String> {
@@ -23,14 +21,12 @@ pub(crate) fn check_parses(field: &str, url: &str) -> Result<(), String> {
 
 /// The client's connection settings: the URL, with `password` (given apart from the
 /// URL, e.g. from an environment variable) taking the place of any password in it.
-pub(super) fn connection_info(o: &RedisOptions) -> Result<ConnectionInfo, String> {
-    check_parses("url", &o.url)?;
-    let info = o
-        .url
-        .as_str()
+pub(super) fn connection_info(url: &str, password: Option<&str>) -> Result<ConnectionInfo, String> {
+    check_parses("url", url)?;
+    let info = url
         .into_connection_info()
         .map_err(|e| format!("url: not a usable Redis URL ({e})"))?;
-    Ok(match &o.password {
+    Ok(match password {
         Some(pw) => {
             let settings = info.redis_settings().clone().set_password(pw);
             info.set_redis_settings(settings)
