@@ -84,8 +84,8 @@ mod url;
 
 use keys::{ChatKeys, grant_from, parse_grant, ticket_str};
 use scripts::Scripts;
-pub(crate) use url::check_parses;
 use url::connection_info;
+pub(crate) use url::{check_parses, read_env};
 
 /// Idle pooled connections kept at most.
 const POOL_MAX: usize = 64;
@@ -124,23 +124,6 @@ impl std::fmt::Debug for RedisOptions {
             .field("command_timeout", &self.command_timeout)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .finish()
-    }
-}
-
-/// Reads a secret from the environment; the error names `field` and the variable,
-/// never a value.
-pub(crate) fn read_env(field: &str, var: &str) -> Result<String, String> {
-    match std::env::var(var) {
-        Ok(v) if !v.is_empty() => Ok(v),
-        Ok(_) => Err(format!(
-            "{field}: the environment variable {var:?} is empty"
-        )),
-        Err(std::env::VarError::NotPresent) => Err(format!(
-            "{field}: the environment variable {var:?} is not set"
-        )),
-        Err(std::env::VarError::NotUnicode(_)) => Err(format!(
-            "{field}: the environment variable {var:?} is not valid UTF-8"
-        )),
     }
 }
 

@@ -34,3 +34,20 @@ pub(super) fn connection_info(url: &str, password: Option<&str>) -> Result<Conne
         None => info,
     })
 }
+
+/// Reads a secret from the environment; the error names `field` and the variable,
+/// never a value.
+pub(crate) fn read_env(field: &str, var: &str) -> Result<String, String> {
+    match std::env::var(var) {
+        Ok(v) if !v.is_empty() => Ok(v),
+        Ok(_) => Err(format!(
+            "{field}: the environment variable {var:?} is empty"
+        )),
+        Err(std::env::VarError::NotPresent) => Err(format!(
+            "{field}: the environment variable {var:?} is not set"
+        )),
+        Err(std::env::VarError::NotUnicode(_)) => Err(format!(
+            "{field}: the environment variable {var:?} is not valid UTF-8"
+        )),
+    }
+}
