@@ -77,6 +77,8 @@ mod judge;
 mod proxy;
 #[path = "chaos/resp.rs"]
 mod resp;
+#[path = "common/signals.rs"]
+mod signals;
 
 // The replay's modules, shared: the platform, the replica processes, the log. The
 // parts only the replay's other modes use are unused here.

@@ -1,4 +1,4 @@
-//! Provider leadership, end to end: three replica processes over Redis share one
+//! Provider leadership, end to end: four replica processes over Redis share one
 //! exclusive transport session.
 //!
 //! The demo starts its own `redis-server` on a free loopback port (or uses
@@ -13,7 +13,9 @@
 //!    re-check);
 //! 3. stops the new leader cleanly and measures again (the release wakes a standby
 //!    at once);
-//! 4. prints the figures, the conflicts seen (0 expected) and one JSON line.
+//! 4. SIGTERMs the next leader (its signal thread calls `Bot::stop`) and measures the
+//!    hand-over to the last standby;
+//! 5. prints the figures, the conflicts seen (0 expected) and one JSON line.
 //!
 //! ```sh
 //! cargo run --release --example leader_demo            # needs redis-server on PATH
@@ -38,8 +40,9 @@ use support::process::{ReplicaConfig, ReplicaProcess, run_replica};
 use support::transport::{Event, Server};
 
 const USAGE: &str = "\
-Three botmesh replica processes over Redis share one exclusive transport session; the
-demo kills the leader, then stops the next one cleanly, and measures each failover.
+Four botmesh replica processes over Redis share one exclusive transport session; the
+demo kills the leader, stops the next one cleanly, SIGTERMs the next, and measures each
+failover.
 
 usage: cargo run --release --example leader_demo -- [options]
 
@@ -151,6 +154,7 @@ struct Run {
     ok: bool,
     crash: Option<Duration>,
     clean: Option<Duration>,
+    sigterm: Option<Duration>,
 }
 
 impl Run {
@@ -185,7 +189,7 @@ fn demo(options: &Options) -> Result<bool, String> {
         "the server given with --redis-url"
     };
     println!(
-        "3 replicas over Redis ({shown_redis}), lease TTL {} ms; exclusive test platform on {}",
+        "4 replicas over Redis ({shown_redis}), lease TTL {} ms; exclusive test platform on {}",
         ttl.as_millis(),
         platform.addr()
     );
@@ -206,7 +210,7 @@ fn demo(options: &Options) -> Result<bool, String> {
         ReplicaProcess::spawn(command, &cfg)
     };
     let mut replicas = Vec::new();
-    for id in ["r1", "r2", "r3"] {
+    for id in ["r1", "r2", "r3", "r4"] {
         replicas.push(spawn(id)?);
     }
     let wait = patience(ttl);
@@ -214,6 +218,7 @@ fn demo(options: &Options) -> Result<bool, String> {
         ok: true,
         crash: None,
         clean: None,
+        sigterm: None,
     };
 
     let Some((first, t1, _)) = platform.wait_opened(wait) else {
@@ -278,6 +283,33 @@ fn demo(options: &Options) -> Result<bool, String> {
     run.check(clean < ttl / 3, "the clean failover beat the re-check");
     round_trip(&platform, &mut run, "hello 3", &third, t3, wait);
 
+    let Some(at) = replicas.iter().position(|r| r.id == third) else {
+        return Err(format!("unknown leader {third}"));
+    };
+    let terminated = replicas.remove(at);
+    run.check(terminated.terminate(), "SIGTERM sent");
+    run.check(
+        terminated.wait_line("BYE", wait).is_some(),
+        "the SIGTERMed leader stopped cleanly",
+    );
+    drop(terminated);
+    let Some((fourth, t4, opened)) = platform.wait_opened(wait) else {
+        println!("CHECK FAILED: no standby took over within {wait:?} of the SIGTERM");
+        return Ok(false);
+    };
+    let closed = closed_at(&platform, &third, t3).unwrap_or(opened);
+    let sigterm = opened.saturating_duration_since(closed);
+    run.sigterm = Some(sigterm);
+    println!(
+        "SIGTERM {third} -> {fourth} leads (token {}) after {:.1} ms without a session",
+        show(t4),
+        ms(sigterm)
+    );
+    run.check(fourth != third, "a standby took over");
+    run.check(t4 > t3, "the new leader's token is greater");
+    run.check(sigterm < ttl / 3, "the SIGTERM failover beat the re-check");
+    round_trip(&platform, &mut run, "hello 4", &fourth, t4, wait);
+
     for r in replicas {
         let id = r.id.clone();
         run.check(r.stop(wait), &format!("{id} stopped cleanly"));
@@ -287,9 +319,10 @@ fn demo(options: &Options) -> Result<bool, String> {
     run.check(conflicts == 0, "no conflict");
     let figure = |d: Option<Duration>| d.map_or_else(|| "null".to_owned(), |d| ms(d).to_string());
     println!(
-        "{{\"crash_failover_ms\":{},\"clean_failover_ms\":{},\"conflicts\":{conflicts},\"ttl_ms\":{},\"ok\":{}}}",
+        "{{\"crash_failover_ms\":{},\"clean_failover_ms\":{},\"sigterm_failover_ms\":{},\"conflicts\":{conflicts},\"ttl_ms\":{},\"ok\":{}}}",
         figure(run.crash),
         figure(run.clean),
+        figure(run.sigterm),
         ttl.as_millis(),
         run.ok
     );

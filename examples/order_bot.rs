@@ -16,6 +16,8 @@
 
 #[path = "../tests/support/redis_server.rs"]
 mod redis_server;
+#[path = "common/signals.rs"]
+mod signals;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -156,7 +158,10 @@ fn replica(id: &str, url: Option<String>, prefix: Option<String>) -> Result<bool
     for f in flows() {
         builder = builder.flow(f);
     }
-    let bot = builder.build().map_err(|e| e.to_string())?;
+    let bot = std::sync::Arc::new(builder.build().map_err(|e| e.to_string())?);
+    // SIGTERM / SIGINT: a clean stop (the chats' turns handed over at once), then exit.
+    signals::stop_on_signal(&bot, || line("stopped"))
+        .map_err(|e| format!("cannot install the signal handler: {e}"))?;
     line("ready");
     let intake = bot.intake();
     for input in std::io::stdin().lock().lines() {
@@ -168,7 +173,9 @@ fn replica(id: &str, url: Option<String>, prefix: Option<String>) -> Result<bool
             line(&format!("ended\t{chat}\t{text}\trefused: {e}"));
         }
     }
-    bot.shutdown();
+    if let Err(e) = bot.stop() {
+        line(&format!("stop refused: {e}"));
+    }
     line("stopped");
     Ok(true)
 }

@@ -108,6 +108,8 @@ mod child;
 mod common;
 #[path = "replay/data.rs"]
 mod data;
+#[path = "common/signals.rs"]
+mod signals;
 // The platform of replica processes is shared with the chaos example, which uses the
 // parts of it that only fault injection needs.
 #[allow(dead_code)]

@@ -32,7 +32,7 @@ extern "C" {
  * when a name or value here differs from it. */
 typedef int botmesh_status;
 #define BOTMESH_OK 0            /* done */
-#define BOTMESH_INVALID 1       /* a NULL or non-UTF-8 argument, zero workers */
+#define BOTMESH_INVALID 1       /* a NULL or non-UTF-8 argument, zero workers, an empty or too long id */
 #define BOTMESH_CONFIG 2        /* configuration refused: the message names field and value */
 #define BOTMESH_BACKEND 3       /* the coordinator could not be reached */
 #define BOTMESH_SHUTTING_DOWN 4 /* the bot is stopping; nothing was taken in */

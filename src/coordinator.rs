@@ -174,6 +174,94 @@ impl fmt::Display for BackendError {
 
 impl std::error::Error for BackendError {}
 
+/// A held lease as an inspection shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HolderView {
+    /// The holding ticket (its replica and sequence number).
+    pub ticket: Ticket,
+    /// The grant's fencing token.
+    pub token: Token,
+    /// Time left on the lease by the backend's clock (Redis: `PTTL`).
+    pub lease_left: Duration,
+}
+
+/// One chat as [`Coordinator::inspect_chat`] sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChatView {
+    /// The chat id, as the user gave it.
+    pub chat: String,
+    /// The holder, while the lease runs.
+    pub holder: Option<HolderView>,
+    /// Tickets in the chat's queue (Redis: `LLEN`; may include tickets of a lapsed
+    /// replica that the next hand-over skips).
+    pub queued: usize,
+    /// The holder before the current one, or, on a free chat, the last holder, while
+    /// the backend remembers it ([`HISTORY`]).
+    pub previous: Option<Previous>,
+}
+
+/// One provider's leadership as [`Coordinator::inspect`] sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderView {
+    /// The provider id.
+    pub provider: String,
+    /// The leader's lease, if a replica leads now.
+    pub holder: Option<HolderView>,
+    /// Standbys queued for the leadership.
+    pub standbys: usize,
+}
+
+/// What [`Coordinator::inspect`] sees under the backend's key prefix.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MeshView {
+    /// Chats that are held or have waiting tickets, by chat id (at most the limit).
+    pub chats: Vec<ChatView>,
+    /// Live replicas (Redis: those subscribed to their wake channel), by id.
+    pub replicas: Vec<ReplicaId>,
+    /// Provider leaderships, by provider id.
+    pub leaders: Vec<LeaderView>,
+    /// The limit was reached: there may be more chats than listed.
+    pub truncated: bool,
+}
+
+/// How the runtime names a lease at the coordinator (the rule of the replica's
+/// `names.rs`, kept here so backends can tell chats from leaderships when they list
+/// them): a chat id is stored as it is, except that one starting with a NUL gets one
+/// more in front; `"\0provider:<id>"` is the leadership of provider `<id>`.
+pub(crate) enum LeaseName<'a> {
+    Chat(&'a str),
+    Provider(&'a str),
+    /// Another reserved name of the runtime: not shown.
+    Other,
+}
+
+pub(crate) fn lease_name(stored: &str) -> LeaseName<'_> {
+    if let Some(rest) = stored.strip_prefix('\0') {
+        if rest.starts_with('\0') {
+            return LeaseName::Chat(rest);
+        }
+        return match rest.strip_prefix("provider:") {
+            Some(id) => LeaseName::Provider(id),
+            None => LeaseName::Other,
+        };
+    }
+    LeaseName::Chat(stored)
+}
+
+/// The stored name of a user's chat id (see [`lease_name`]).
+pub(crate) fn stored_name(chat: &str) -> std::borrow::Cow<'_, str> {
+    if chat.starts_with('\0') {
+        std::borrow::Cow::Owned(format!("\0{chat}"))
+    } else {
+        std::borrow::Cow::Borrowed(chat)
+    }
+}
+
+/// The error of a backend that has no inspection.
+fn no_inspection(backend: &str) -> BackendError {
+    BackendError::new(format!("the {backend} backend does not support inspection"))
+}
+
 /// The backend shared by the replicas of one bot.
 ///
 /// Implementations: [`MemoryCoordinator`](crate::MemoryCoordinator) (one process) and
@@ -303,6 +391,30 @@ pub trait Coordinator: Send + Sync + 'static {
     /// # Errors
     /// [`BackendError`] when the backend cannot be reached.
     fn read_checkpoint(&self, chat: &str) -> Result<Option<(Token, String)>, BackendError>;
+
+    /// For operators: one chat's holder, token, lease time left, queue length and
+    /// previous holder. Read-only: never takes, extends or breaks a lease, and never
+    /// moves the chat on (an expired holder simply shows as none). `chat` is the chat
+    /// id as the user gave it. The default answers an error, for backends without it.
+    ///
+    /// # Errors
+    /// [`BackendError`] when the backend cannot be reached or has no inspection.
+    fn inspect_chat(&self, chat: &str) -> Result<ChatView, BackendError> {
+        let _ = chat;
+        Err(no_inspection(self.backend()))
+    }
+
+    /// For operators: every held or waited-for chat (at most `limit`, sorted by chat
+    /// id), the live replicas and the provider leaderships, read-only and bounded
+    /// (Redis: `SCAN` with `COUNT`, stopping at the limit; not a point-in-time
+    /// snapshot of the whole keyspace). The default answers an error.
+    ///
+    /// # Errors
+    /// [`BackendError`] when the backend cannot be reached or has no inspection.
+    fn inspect(&self, limit: usize) -> Result<MeshView, BackendError> {
+        let _ = limit;
+        Err(no_inspection(self.backend()))
+    }
 }
 
 /// How long a chat's checkpoint is kept after its last write: 7 days. A user who

@@ -17,17 +17,24 @@ pub enum Reason {
     Backend,
     /// The replica was stopping and the message could not run before it stopped.
     ShuttingDown,
+    /// The message breaks an input limit (an empty or over-long chat id or message
+    /// id; see [`MAX_CHAT_ID_BYTES`](crate::MAX_CHAT_ID_BYTES) and
+    /// [`MAX_MESSAGE_ID_BYTES`](crate::MAX_MESSAGE_ID_BYTES)); it was refused at
+    /// intake and never taken in. `detail` names the field and the limit. Sending it
+    /// again cannot help: fix the input.
+    Invalid,
 }
 
 impl Reason {
     /// The reason as written in logs and JSON: `timeout`, `lost`, `backend`,
-    /// `shutting_down`.
+    /// `shutting_down`, `invalid`.
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::Timeout => "timeout",
             Reason::Lost => "lost",
             Reason::Backend => "backend",
             Reason::ShuttingDown => "shutting_down",
+            Reason::Invalid => "invalid",
         }
     }
 }
@@ -40,16 +47,46 @@ impl fmt::Display for Reason {
 
 /// A message that could not be handled under its chat's turn, reported once through
 /// the bot's error hook and the log.
+///
+/// What a host should do with a dropped message, by `reason` and `handler_started`:
+///
+/// | reason | `handler_started` | what ran | what to do |
+/// | --- | --- | --- | --- |
+/// | `timeout`, `shutting_down`, `backend` at intake | false | nothing | redeliver (a platform retry does it; a redelivery with the same id is not a duplicate) |
+/// | `lost` | false | nothing: the lease was gone before the handler was called | redeliver |
+/// | `lost` | true | the handler ran to its end, but the lease was found lost when the turn was released: its replies may be out, and another replica may have run later messages of the chat meanwhile | redeliver only if the handler is idempotent (fencing tokens refuse its stale writes); otherwise log it |
+/// | `backend` | true | the handler ran; the release could not reach the coordinator (the lease lapses by TTL) | as for `lost` with the handler started |
+/// | `invalid` | false | nothing: refused at intake | fix the input; a retry fails the same way |
+///
+/// Constructed only by the crate (`#[non_exhaustive]`): read its fields.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct CoordinationUnavailableError {
     /// Why.
     pub reason: Reason,
-    /// The chat id.
+    /// The chat id (for `invalid`, cut to its first 64 characters, so a huge id does
+    /// not flood the log).
     pub chat: String,
-    /// The message id, when the message had one.
+    /// The message id, when the message had one (cut like `chat` for `invalid`).
     pub message_id: Option<String>,
     /// The backend failure behind a `backend` (or some `lost`) report.
     pub source: Option<BackendError>,
+    /// Whether the message's handling (the handler, or a flow's capture and steps) had
+    /// started before the message was dropped: its effects and replies may be out. See
+    /// the table above for what a host should do in each case.
+    pub handler_started: bool,
+    /// For `invalid`: which field broke which limit, as in the `Display` text.
+    pub detail: Option<String>,
+}
+
+/// The longest chat or message id an `invalid` error carries, in characters.
+const SHOWN_ID_CHARS: usize = 64;
+
+fn shown_id(id: &str) -> String {
+    match id.char_indices().nth(SHOWN_ID_CHARS) {
+        Some((cut, _)) => format!("{}…", &id[..cut]),
+        None => id.to_owned(),
+    }
 }
 
 impl CoordinationUnavailableError {
@@ -59,11 +96,31 @@ impl CoordinationUnavailableError {
             chat: chat.to_owned(),
             message_id: message_id.map(str::to_owned),
             source: None,
+            handler_started: false,
+            detail: None,
+        }
+    }
+
+    /// An `invalid` refusal at intake; `detail` names the field and the limit.
+    pub(crate) fn invalid(chat: &str, message_id: Option<&str>, detail: String) -> Self {
+        CoordinationUnavailableError {
+            reason: Reason::Invalid,
+            chat: shown_id(chat),
+            message_id: message_id.map(shown_id),
+            source: None,
+            handler_started: false,
+            detail: Some(detail),
         }
     }
 
     pub(crate) fn with_source(mut self, source: BackendError) -> Self {
         self.source = Some(source);
+        self
+    }
+
+    /// Marks that the message's handling had started (see `handler_started`).
+    pub(crate) fn after_handler(mut self) -> Self {
+        self.handler_started = true;
         self
     }
 }
@@ -74,11 +131,31 @@ impl fmt::Display for CoordinationUnavailableError {
             Some(id) => format!("message {id:?} of chat {:?}", self.chat),
             None => format!("work on chat {:?}", self.chat),
         };
-        let why = match self.reason {
-            Reason::Timeout => "the chat's turn did not come within the allowed wait (turn_wait)",
-            Reason::Lost => "the chat's turn was lost while it ran (lease expired or taken over)",
-            Reason::Backend => "the coordinator could not be reached",
-            Reason::ShuttingDown => "the replica was shutting down",
+        if self.reason == Reason::Invalid {
+            let detail = self
+                .detail
+                .as_deref()
+                .unwrap_or("an input limit was broken");
+            return write!(f, "{what} was refused at intake: {detail}");
+        }
+        let why = match (self.reason, self.handler_started) {
+            (Reason::Timeout, _) => {
+                "the chat's turn did not come within the allowed wait (turn_wait)"
+            }
+            (Reason::Lost, false) => {
+                "the chat's turn was lost before its handler started (lease expired or taken over)"
+            }
+            (Reason::Lost, true) => {
+                "the chat's turn was lost while its handler ran (lease expired or taken over); \
+                 the handler had run, so its replies may be out"
+            }
+            (Reason::Backend, false) => "the coordinator could not be reached",
+            (Reason::Backend, true) => {
+                "the coordinator could not be reached to release the turn; the handler had \
+                 run, so its replies may be out"
+            }
+            (Reason::ShuttingDown, _) => "the replica was shutting down",
+            (Reason::Invalid, _) => "an input limit was broken",
         };
         write!(f, "{what} was not handled: {why}")?;
         if let Some(source) = &self.source {

@@ -11,6 +11,33 @@ use crate::error::CoordinationUnavailableError;
 use crate::message::Message;
 use crate::replica::Accepted;
 
+thread_local! {
+    /// The bot whose own code runs on this thread right now (its worker, or a hook or
+    /// provider callback it called), as [`Intake::bot_key`]; 0 for none. A stop
+    /// called from there would wait for itself, so it is refused instead.
+    static RUNNING_FOR: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Marks this thread as running the bot `key`'s code until dropped (nests).
+pub(crate) struct InBot(usize);
+
+impl InBot {
+    pub(crate) fn enter(key: usize) -> InBot {
+        InBot(RUNNING_FOR.replace(key))
+    }
+}
+
+impl Drop for InBot {
+    fn drop(&mut self) {
+        RUNNING_FOR.set(self.0);
+    }
+}
+
+/// Whether this thread runs the bot `key`'s code (see [`InBot`]).
+pub(crate) fn running_for(key: usize) -> bool {
+    key != 0 && RUNNING_FOR.get() == key
+}
+
 /// What takes a message in: the bot's scheduler.
 pub(crate) trait Admit: Send + Sync {
     /// See [`Intake::deliver`].
@@ -50,6 +77,11 @@ impl Intake {
     /// taken in then: the caller should answer the platform with an error so it retries.
     pub fn deliver(&self, message: Message) -> Result<Accepted, CoordinationUnavailableError> {
         self.admit.clone().admit(message)
+    }
+
+    /// Names the bot this intake feeds, for [`InBot`]: the address of its scheduler.
+    pub(crate) fn bot_key(&self) -> usize {
+        Arc::as_ptr(&self.admit) as *const u8 as usize
     }
 
     /// The id of the replica this intake feeds.

@@ -115,6 +115,7 @@ pub mod ffi;
 
 pub use bot::{
     Bot, BotBuilder, Context, DEFAULT_WORKERS, ErrorHook, Handler, OutcomeHook, StartError,
+    StopError,
 };
 pub use clock::Clock;
 pub use config::{
@@ -122,15 +123,15 @@ pub use config::{
     HandoverConfig, MemoryOptions, ProviderSession,
 };
 pub use coordinator::{
-    BackendError, CHECKPOINT_TTL, Coordinator, DEFAULT_DEDUP_WINDOW, DEFAULT_LEASE_TTL,
-    EnqueueRequest, Enqueued, Grant, GrantSink, HISTORY, HeldLease, Previous, Released, Renewal,
-    ReplicaId, Ticket, TicketState, Token, Waiting,
+    BackendError, CHECKPOINT_TTL, ChatView, Coordinator, DEFAULT_DEDUP_WINDOW, DEFAULT_LEASE_TTL,
+    EnqueueRequest, Enqueued, Grant, GrantSink, HISTORY, HeldLease, HolderView, LeaderView,
+    MeshView, Previous, Released, Renewal, ReplicaId, Ticket, TicketState, Token, Waiting,
 };
 pub use error::{CoordinationUnavailableError, Error, HandlerError, Reason};
 pub use flow::{Answer, Cancelled, Capture, Flow, State, StepContext};
 pub use intake::Intake;
 pub use memory::MemoryCoordinator;
-pub use message::{Message, Outcome};
+pub use message::{MAX_CHAT_ID_BYTES, MAX_MESSAGE_ID_BYTES, Message, Outcome};
 pub use metrics::{MetricsSnapshot, WAIT_BUCKETS};
 pub use provider::{
     Capabilities, CloseReason, Provider, ProviderError, Session, Status, StatusSender,

@@ -8,6 +8,47 @@ use std::time::Duration;
 use crate::coordinator::Token;
 use crate::error::CoordinationUnavailableError;
 
+/// The longest chat id taken in, in bytes of UTF-8: 4 KiB, as SPEC §3 promises. A
+/// longer (or an empty) chat id is refused at intake with reason
+/// [`Invalid`](crate::Reason::Invalid): every chat id is part of several keys at the
+/// coordinator, so an unbounded one would make unbounded keys.
+pub const MAX_CHAT_ID_BYTES: usize = 4096;
+
+/// The longest message id taken in, in bytes of UTF-8: 1 KiB. Platform ids are far
+/// shorter (Telegram's are integers, WhatsApp's about 30 characters); the bound keeps
+/// the duplicate-suppression keys small. A longer (or an empty) id is refused at
+/// intake with reason [`Invalid`](crate::Reason::Invalid); leave the id unset to turn
+/// duplicate suppression off.
+pub const MAX_MESSAGE_ID_BYTES: usize = 1024;
+
+/// Checks a chat id and message id against the limits above; the text names the
+/// field, the size and the limit.
+pub(crate) fn check_ids(chat: &str, id: Option<&str>) -> Result<(), String> {
+    if chat.is_empty() {
+        return Err("chat: the chat id is empty; every message needs its chat's id".into());
+    }
+    if chat.len() > MAX_CHAT_ID_BYTES {
+        return Err(format!(
+            "chat: the chat id is {} bytes, over the {MAX_CHAT_ID_BYTES}-byte maximum \
+             (MAX_CHAT_ID_BYTES)",
+            chat.len()
+        ));
+    }
+    match id {
+        Some("") => Err(
+            "message id: the message id is empty; leave it unset (None) to \
+             turn duplicate suppression off"
+                .into(),
+        ),
+        Some(id) if id.len() > MAX_MESSAGE_ID_BYTES => Err(format!(
+            "message id: the message id is {} bytes, over the {MAX_MESSAGE_ID_BYTES}-byte \
+             maximum (MAX_MESSAGE_ID_BYTES)",
+            id.len()
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// One incoming message of one chat.
 ///
 /// ```
@@ -16,10 +57,12 @@ use crate::error::CoordinationUnavailableError;
 /// ```
 #[derive(Clone)]
 pub struct Message {
-    /// The chat id: any UTF-8 string. Messages of one chat run one at a time, in order.
+    /// The chat id: any non-empty UTF-8 string of at most [`MAX_CHAT_ID_BYTES`].
+    /// Messages of one chat run one at a time, in order.
     pub chat: String,
     /// The platform's message id, used to suppress duplicates (webhook retries). Ids
-    /// only need to be unique within their chat. `None` turns the check off.
+    /// only need to be unique within their chat. `None` turns the check off; an empty
+    /// id, or one over [`MAX_MESSAGE_ID_BYTES`], is refused at intake.
     pub id: Option<String>,
     /// The text.
     pub text: String,
@@ -82,6 +125,8 @@ pub enum Outcome {
     /// The handler ran but returned an error or panicked (the text says which).
     Failed(String),
     /// It could not run, or its turn was lost while it ran: reported to the error hook.
+    /// [`CoordinationUnavailableError::handler_started`] tells which, and its docs say
+    /// what a host should do in each case.
     Dropped(CoordinationUnavailableError),
     /// Its id was seen within the dedup window; it did not run again.
     Duplicate,

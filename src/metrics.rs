@@ -34,6 +34,8 @@ pub(crate) struct Metrics {
     pub(crate) conversations_stale: AtomicU64,
     pub(crate) steps_stopped: AtomicU64,
     wait_hist: [AtomicU64; WAIT_BUCKETS],
+    /// Sum of the recorded waits in µs: a Prometheus histogram's `_sum`.
+    wait_sum_us: AtomicU64,
 }
 
 pub(crate) fn inc(counter: &AtomicU64) {
@@ -49,6 +51,7 @@ impl Metrics {
         let us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
         let bucket = (64 - us.leading_zeros() as usize).min(WAIT_BUCKETS - 1);
         self.wait_hist[bucket].fetch_add(1, Ordering::Relaxed);
+        self.wait_sum_us.fetch_add(us, Ordering::Relaxed);
     }
 
     pub(crate) fn snapshot(&self) -> MetricsSnapshot {
@@ -77,6 +80,7 @@ impl Metrics {
             conversations_stale: get(&self.conversations_stale),
             steps_stopped: get(&self.steps_stopped),
             wait_histogram: std::array::from_fn(|i| get(&self.wait_hist[i])),
+            wait_sum_us: get(&self.wait_sum_us),
         }
     }
 }
@@ -86,7 +90,10 @@ impl Metrics {
 /// The turn figures count chats only: provider leadership leases are built on turns
 /// but show up in the leadership figures, not in `turns_*`, `tickets_waiting` or the
 /// wait histogram.
+///
+/// Built by the crate only (`#[non_exhaustive]`), so new figures can be added.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MetricsSnapshot {
     /// Messages taken in (duplicates not included), plus wake-ups of conversations
     /// whose `delay` ran out (they queue for the chat's turn like a message).
@@ -151,6 +158,9 @@ pub struct MetricsSnapshot {
     pub steps_stopped: u64,
     /// Wait for the turn, intake to grant: bucket `i` counts waits under `2^i` µs.
     pub wait_histogram: [u64; WAIT_BUCKETS],
+    /// The sum of those waits, in µs (the histogram's `_sum` in
+    /// [`MetricsSnapshot::prometheus_text`]).
+    pub wait_sum_us: u64,
 }
 
 impl MetricsSnapshot {
@@ -206,5 +216,247 @@ impl fmt::Display for MetricsSnapshot {
             write!(f, " wait_p99<{p99:?}")?;
         }
         Ok(())
+    }
+}
+
+/// One metric family of the exposition: name (without `botmesh_`), type, help, value.
+type Family<'a> = (&'a str, &'a str, &'a str, f64);
+
+/// Writes one family with one sample, HELP and TYPE first.
+fn family(out: &mut String, (name, kind, help, value): Family<'_>) {
+    use std::fmt::Write as _;
+    let _ = writeln!(out, "# HELP botmesh_{name} {help}");
+    let _ = writeln!(out, "# TYPE botmesh_{name} {kind}");
+    let _ = writeln!(out, "botmesh_{name} {value}");
+}
+
+/// A label value escaped as the text format wants: backslash, double quote, newline.
+pub(crate) fn label_value(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Appends the leader gauge, shaped like client-go's `leader_election_master_status`
+/// (gauge, label `name`): 1 while this replica leads the provider, else 0.
+pub(crate) fn write_leader_gauges(out: &mut String, leaders: &[(&str, bool)]) {
+    use std::fmt::Write as _;
+    if leaders.is_empty() {
+        return;
+    }
+    out.push_str(
+        "# HELP botmesh_leader_election_master_status 1 while this replica leads the \
+         provider named by `name`, 0 while it stands by.\n\
+         # TYPE botmesh_leader_election_master_status gauge\n",
+    );
+    for (name, leading) in leaders {
+        let _ = writeln!(
+            out,
+            "botmesh_leader_election_master_status{{name=\"{}\"}} {}",
+            label_value(name),
+            u8::from(*leading)
+        );
+    }
+}
+
+impl MetricsSnapshot {
+    /// The snapshot in the Prometheus text exposition format (version 0.0.4): every
+    /// total as a `botmesh_…_total` counter, the gauges, and the wait for the turn as
+    /// the histogram `botmesh_turn_wait_seconds` (buckets at 2^i µs, i = 0..30, then
+    /// `+Inf`). No label holds a chat id (that would make one series per chat).
+    /// [`Bot::metrics_text`](crate::Bot::metrics_text) adds the leader gauges. Serve it
+    /// with `Content-Type: text/plain; version=0.0.4` (see the `metrics_server`
+    /// example).
+    pub fn prometheus_text(&self) -> String {
+        use std::fmt::Write as _;
+        let c = "counter";
+        let g = "gauge";
+        let families: [Family<'_>; 23] = [
+            (
+                "messages_accepted_total",
+                c,
+                "Messages taken in (duplicates not included), and wake-ups of delayed conversation steps.",
+                self.accepted as f64,
+            ),
+            (
+                "messages_handled_total",
+                c,
+                "Messages whose handler ran and whose turn was released cleanly.",
+                self.handled as f64,
+            ),
+            (
+                "messages_failed_total",
+                c,
+                "Messages whose handler returned an error or panicked.",
+                self.failed as f64,
+            ),
+            (
+                "messages_duplicate_total",
+                c,
+                "Deliveries skipped as duplicates of a message id seen before.",
+                self.duplicates as f64,
+            ),
+            (
+                "messages_timed_out_total",
+                c,
+                "Messages dropped because they waited longer than turn_wait.",
+                self.timed_out as f64,
+            ),
+            (
+                "messages_shutting_down_total",
+                c,
+                "Messages refused or dropped because the replica was stopping.",
+                self.shutting_down as f64,
+            ),
+            (
+                "turns_granted_total",
+                c,
+                "Turns granted to this replica.",
+                self.turns_granted as f64,
+            ),
+            (
+                "turns_waited_total",
+                c,
+                "Turns that were not free at intake (the message queued first).",
+                self.turns_waited as f64,
+            ),
+            (
+                "turns_lost_total",
+                c,
+                "Turns whose lease was lost while held.",
+                self.lost as f64,
+            ),
+            (
+                "handovers_total",
+                c,
+                "Grants whose previous holder was another replica.",
+                self.handovers as f64,
+            ),
+            (
+                "backend_errors_total",
+                c,
+                "Coordinator calls that failed.",
+                self.backend_errors as f64,
+            ),
+            (
+                "leadership_changes_total",
+                c,
+                "Times this replica became, or stopped being, a provider's leader.",
+                self.leadership_changes as f64,
+            ),
+            (
+                "leaderless_seconds_total",
+                c,
+                "Seconds this replica led a provider without an open session.",
+                self.leaderless_ms as f64 / 1000.0,
+            ),
+            (
+                "provider_conflicts_total",
+                c,
+                "Sessions the transport reported replaced by another session.",
+                self.provider_conflicts as f64,
+            ),
+            (
+                "conversations_resumed_total",
+                c,
+                "Conversations resumed from a checkpoint another turn wrote.",
+                self.conversations_resumed as f64,
+            ),
+            (
+                "conversations_dropped_total",
+                c,
+                "Conversations ended by a handover.",
+                self.conversations_dropped as f64,
+            ),
+            (
+                "conversations_restarted_total",
+                c,
+                "Checkpoints that could not be resumed and restarted their flow.",
+                self.conversations_restarted as f64,
+            ),
+            (
+                "conversations_stale_total",
+                c,
+                "In-memory conversations found stale and not continued.",
+                self.conversations_stale as f64,
+            ),
+            (
+                "steps_stopped_total",
+                c,
+                "Conversation steps stopped because settle ran out.",
+                self.steps_stopped as f64,
+            ),
+            (
+                "providers_led",
+                g,
+                "Providers this replica leads right now.",
+                self.providers_led as f64,
+            ),
+            (
+                "turns_held",
+                g,
+                "Turns held right now.",
+                self.turns_held as f64,
+            ),
+            (
+                "tickets_waiting",
+                g,
+                "Tickets queued and waiting right now.",
+                self.tickets_waiting as f64,
+            ),
+            (
+                "info",
+                g,
+                "Always 1; the crate version is in the label.",
+                1.0,
+            ),
+        ];
+        let mut out = String::with_capacity(4096);
+        for f in families {
+            if f.0 == "info" {
+                let _ = writeln!(out, "# HELP botmesh_info {}", f.2);
+                let _ = writeln!(out, "# TYPE botmesh_info gauge");
+                let _ = writeln!(
+                    out,
+                    "botmesh_info{{version=\"{}\"}} 1",
+                    env!("CARGO_PKG_VERSION")
+                );
+                continue;
+            }
+            family(&mut out, f);
+        }
+        out.push_str(
+            "# HELP botmesh_turn_wait_seconds Wait for the chat's turn, from intake to grant.\n\
+             # TYPE botmesh_turn_wait_seconds histogram\n",
+        );
+        let mut cumulative = 0u64;
+        for (i, n) in self.wait_histogram[..WAIT_BUCKETS - 1].iter().enumerate() {
+            cumulative += n;
+            // Bucket i holds waits under 2^i µs.
+            let le = (1u64 << i) as f64 / 1e6;
+            let _ = writeln!(
+                out,
+                "botmesh_turn_wait_seconds_bucket{{le=\"{le}\"}} {cumulative}"
+            );
+        }
+        let count: u64 = self.wait_histogram.iter().sum();
+        let _ = writeln!(
+            out,
+            "botmesh_turn_wait_seconds_bucket{{le=\"+Inf\"}} {count}"
+        );
+        let _ = writeln!(
+            out,
+            "botmesh_turn_wait_seconds_sum {}",
+            self.wait_sum_us as f64 / 1e6
+        );
+        let _ = writeln!(out, "botmesh_turn_wait_seconds_count {count}");
+        out
     }
 }

@@ -148,6 +148,10 @@ fn serve(o: &Options, name: &str) -> Result<(), String> {
         .build()
         .map_err(|e| format!("cannot start the bot: {e}"))?;
 
+    // SIGTERM / SIGINT: a clean stop (every turn released at once), then exit.
+    let bot = std::sync::Arc::new(bot);
+    crate::signals::stop_on_signal(&bot, || {})
+        .map_err(|e| format!("cannot install the signal handler: {e}"))?;
     out.send(&FromReplica::Ready {
         replica: name.to_owned(),
         pid: std::process::id(),
@@ -164,7 +168,9 @@ fn serve(o: &Options, name: &str) -> Result<(), String> {
         match spawned {
             Ok(handle) => intakes.push(handle),
             Err(e) => {
-                bot.abort();
+                if let Ok(bot) = std::sync::Arc::try_unwrap(bot) {
+                    bot.abort();
+                }
                 return Err(format!("cannot start an intake thread: {e}"));
             }
         }
@@ -178,7 +184,9 @@ fn serve(o: &Options, name: &str) -> Result<(), String> {
     // Read before the stop (which consumes the bot); the parent closes stdin only once
     // every update ended, so no grant is left to come.
     let handovers = bot.metrics().handovers;
-    bot.shutdown();
+    if let Err(e) = bot.stop() {
+        eprintln!("replay replica {name}: {e}");
+    }
     out.send(&FromReplica::Stopped { handovers });
     Ok(())
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use super::context::{Context, ErrorHook, Handler, OutcomeHook};
-use super::handle::Bot;
+use super::handle::{Bot, Parts, intake_of};
 use super::workers::{Sched, Shared};
 use crate::config::{ConfigError, CoordinationConfig, ProviderSession};
 use crate::conversation::Flows;
@@ -304,10 +304,10 @@ impl BotBuilder {
             workers: Mutex::new(HashMap::new()),
             next_worker: AtomicUsize::new(0),
         });
-        let mut bot = Bot::assemble(shared.clone(), replica, Vec::new());
+        let mut parts = Parts::new(replica);
         let spawned = (0..self.workers).try_for_each(|_| shared.spawn_worker());
         if let Err(e) = spawned {
-            bot.stop_workers();
+            parts.stop_workers(&shared);
             return Err(StartError::Backend(BackendError::new(format!(
                 "cannot spawn a thread: {e}"
             ))));
@@ -315,52 +315,52 @@ impl BotBuilder {
         // Settle cuts and delays go through the replica's timer, which a replica
         // without coordination does not start by itself.
         if shared.flows.is_some()
-            && let Some(Err(e)) = bot.replica.as_ref().map(Replica::start_timer)
+            && let Some(Err(e)) = parts.replica.as_ref().map(Replica::start_timer)
         {
-            bot.stop_workers();
+            parts.stop_workers(&shared);
             return Err(StartError::Backend(e));
         }
         // Shared providers first: they are the ones whose failure stops the build.
         for (p, _) in plans.iter().filter(|(_, state)| state.is_none()) {
             let status = StatusSender::new(
                 Arc::from(p.id()),
-                bot.shared.replica.id.clone(),
-                bot.shared.metrics.clone(),
+                shared.replica.id.clone(),
+                shared.metrics.clone(),
                 0,
                 None,
             );
-            let session = Session::new(bot.intake(), status, None);
+            let session = Session::new(intake_of(&shared), status, None);
             let started = catch_unwind(AssertUnwindSafe(|| p.start(session)))
                 .unwrap_or_else(|_| Err(ProviderError("start panicked".into())));
             if let Err(e) = started {
-                bot.stop_providers();
-                bot.stop_workers();
+                parts.stop_providers();
+                parts.stop_workers(&shared);
                 return Err(StartError::Provider(e));
             }
-            bot.providers.push(p.clone());
+            parts.providers.push(p.clone());
         }
         for (p, state) in plans {
             let Some(state) = state else { continue };
             let spawned = Leadership::spawn(
-                bot.shared.replica.clone(),
+                shared.replica.clone(),
                 p,
                 state,
-                bot.intake(),
-                bot.shared.metrics.clone(),
+                intake_of(&shared),
+                shared.metrics.clone(),
                 provider_down,
             );
             match spawned {
-                Ok(l) => bot.leaders.push(l),
+                Ok(l) => parts.leaders.push(l),
                 Err(e) => {
-                    bot.stop_providers();
-                    bot.stop_workers();
+                    parts.stop_providers();
+                    parts.stop_workers(&shared);
                     return Err(StartError::Backend(BackendError::new(format!(
                         "cannot spawn a leadership thread: {e}"
                     ))));
                 }
             }
         }
-        Ok(bot)
+        Ok(Bot::assemble(shared, parts))
     }
 }
 
@@ -376,15 +376,6 @@ impl Bot {
             on_outcome: None,
             providers: Vec::new(),
             flows: Vec::new(),
-        }
-    }
-
-    fn assemble(shared: Arc<Shared>, replica: Replica, providers: Vec<Arc<dyn Provider>>) -> Bot {
-        Bot {
-            shared,
-            replica: Some(replica),
-            providers,
-            leaders: Vec::new(),
         }
     }
 }

@@ -11,4 +11,4 @@ mod workers;
 
 pub use builder::{BotBuilder, DEFAULT_WORKERS, StartError};
 pub use context::{Context, ErrorHook, Handler, OutcomeHook};
-pub use handle::Bot;
+pub use handle::{Bot, StopError};

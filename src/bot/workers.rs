@@ -20,7 +20,7 @@ use crate::conversation::{
 use crate::coordinator::{BackendError, Token};
 use crate::error::{CoordinationUnavailableError, Error, Reason, panic_text};
 use crate::flow::State;
-use crate::intake::Admit;
+use crate::intake::{Admit, InBot};
 use crate::message::{Message, Outcome};
 use crate::metrics::{Metrics, inc};
 use crate::provider::{Provider, ProviderError};
@@ -178,7 +178,14 @@ impl Shared {
         result
     }
 
+    /// Names this bot for [`InBot`]: the address of its scheduler.
+    pub(super) fn key(&self) -> usize {
+        self as *const Shared as *const u8 as usize
+    }
+
     fn worker_loop(self: Arc<Self>, n: usize) {
+        // Handlers, steps and hooks run here: a stop of this bot from them is refused.
+        let _in_bot = InBot::enter(self.key());
         loop {
             let (job, turn) = {
                 let mut s = self.sched.lock();
@@ -246,6 +253,8 @@ impl Shared {
             }
         }
         if let Some(hook) = &self.on_outcome {
+            // Also on the timer, renewal and subscriber threads: marked as this bot's.
+            let _in_bot = InBot::enter(self.key());
             // A panicking hook must not lose the message's end: the in-flight count
             // would never reach zero and shutdown would hang.
             if catch_unwind(AssertUnwindSafe(|| hook(message, &outcome))).is_err() {
@@ -486,7 +495,7 @@ impl Shared {
         }
         let released = turn.release_handled();
         let outcome = match (released, failure) {
-            (Err(e), _) => Outcome::Dropped(e),
+            (Err(e), _) => Outcome::Dropped(e.after_handler()),
             (Ok(()), Some(text)) => Outcome::Failed(text),
             (Ok(()), None) => Outcome::Handled { token, waited },
         };
@@ -616,6 +625,7 @@ impl Shared {
     }
 
     pub(super) fn call_error_hook(&self, e: &Error) {
+        let _in_bot = InBot::enter(self.key());
         if let Some(hook) = &self.on_error
             && catch_unwind(AssertUnwindSafe(|| hook(e))).is_err()
         {

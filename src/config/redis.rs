@@ -1,6 +1,7 @@
 //! The Redis coordinator's options in files, and the checks of a URL and key prefix
 //! (also for options set in code).
 
+use serde::de::Error as _;
 use serde::{Deserialize, Deserializer};
 
 use super::duration::{Any, CommandTimeout, FileDuration, LeaseTtl, check_set};
@@ -13,8 +14,8 @@ use crate::redis::RedisOptions;
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct FileRedis {
-    #[serde(deserialize_with = "url")]
-    url: String,
+    #[serde(default, deserialize_with = "url")]
+    url: Option<String>,
     #[serde(default, alias = "key_prefix", deserialize_with = "key_prefix")]
     key_prefix: Option<String>,
     #[serde(default, alias = "lease_ttl_ms", alias = "leaseTtl")]
@@ -26,17 +27,26 @@ struct FileRedis {
     #[serde(default, alias = "command_timeout_ms", alias = "commandTimeout")]
     #[serde(alias = "command_timeout")]
     command_timeout_ms: FileDuration<CommandTimeout>,
+    /// The name of an environment variable holding the URL (instead of `url`), so the
+    /// password stays out of the file.
+    #[serde(default, alias = "url_env", deserialize_with = "env_name")]
+    url_env: Option<String>,
+    /// The name of an environment variable holding the password; it takes the place
+    /// of any password in the URL.
+    #[serde(default, alias = "password_env", deserialize_with = "env_name")]
+    password_env: Option<String>,
 }
 
 const REDIS: Shape = Shape {
     alone: "Redis coordinator options",
     expected: r#"a map of Redis coordinator options, such as {"url": "redis://host:6379"}"#,
     hide: true,
-    required: Some((
-        "url",
-        r#"url: missing; give the Redis server's address, for example "url": "redis://127.0.0.1:6379""#,
-    )),
+    // `url` or `urlEnv`: checked after reading.
+    required: None,
 };
+
+/// The message when neither `url` nor `urlEnv` is given (after the map's prefix).
+const URL_MISSING: &str = r#"url: missing; give the Redis server's address, for example "url": "redis://127.0.0.1:6379", or the name of an environment variable holding it, "urlEnv": "BOTMESH_REDIS_URL""#;
 
 impl<'de> Deserialize<'de> for RedisOptions {
     /// Reads an options map such as `{"url": "redis://host:6379", "keyPrefix":
@@ -44,8 +54,31 @@ impl<'de> Deserialize<'de> for RedisOptions {
     /// other options take their defaults. Errors name the field and never show the
     /// URL.
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let here = strict::name_or("");
+        let prefix = if here.is_empty() { here } else { here + "." };
         let file: FileRedis = strict::read(deserializer, &REDIS)?;
-        let mut options = RedisOptions::new(file.url);
+        let fail = |e: String| D::Error::custom(format!("{prefix}{e}"));
+        let url = match (file.url, file.url_env) {
+            (Some(url), None) => url,
+            (None, Some(var)) => {
+                // The value is checked as `url` would be, named after `urlEnv`.
+                let url = crate::redis::read_env("urlEnv", &var).map_err(fail)?;
+                check_url("urlEnv", &url)
+                    .and_then(|()| crate::redis::check_parses(&format!("urlEnv ({var:?})"), &url))
+                    .map_err(fail)?;
+                url
+            }
+            (Some(_), Some(_)) => {
+                return Err(fail(
+                    "url, urlEnv: both given; give the URL in one of them".to_owned(),
+                ));
+            }
+            (None, None) => return Err(fail(URL_MISSING.to_owned())),
+        };
+        let mut options = RedisOptions::new(url);
+        if let Some(var) = file.password_env {
+            options = options.with_password_from_env(&var).map_err(fail)?;
+        }
         options.key_prefix = file.key_prefix.unwrap_or(options.key_prefix);
         let ttl = file.lease_ttl_ms.or(options.lease_ttl);
         options = options.with_lease_ttl(ttl);
@@ -58,13 +91,27 @@ impl<'de> Deserialize<'de> for RedisOptions {
 const URL_EXPECTED: &str = "a Redis URL string such as \"redis://host:6379\" \
      (schemes redis://, rediss://, redis+unix:// or unix://)";
 
-fn url<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+fn url<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     let name = strict::name_or("url");
     value::read(
         d,
         Scalar(URL_EXPECTED, |raw| match raw {
-            Raw::Str(url) => check_url(&name, &url).map(|()| url),
+            Raw::Str(url) => check_url(&name, &url)
+                .and_then(|()| crate::redis::check_parses(&name, &url))
+                .map(|()| Some(url)),
             raw => Err(raw.wrong(&name, URL_EXPECTED, true)),
+        }),
+    )
+}
+
+fn env_name<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let name = strict::name_or("urlEnv");
+    let expected = r#"the name of an environment variable, such as "BOTMESH_REDIS_URL""#;
+    value::read(
+        d,
+        Scalar(expected, |raw| match raw {
+            Raw::Str(var) if !var.is_empty() && !var.contains(['=', '\0']) => Ok(Some(var)),
+            raw => Err(raw.wrong(&name, expected, false)),
         }),
     )
 }
@@ -124,6 +171,7 @@ fn check_key_prefix(name: &str, prefix: &str) -> Result<(), String> {
 /// Checks Redis options set in code; `prefix` goes before each field name.
 pub(super) fn validate(o: &RedisOptions, prefix: &str) -> Result<(), ConfigError> {
     check_url(&format!("{prefix}url"), &o.url).map_err(ConfigError::new)?;
+    crate::redis::check_parses(&format!("{prefix}url"), &o.url).map_err(ConfigError::new)?;
     check_key_prefix(&format!("{prefix}keyPrefix"), &o.key_prefix).map_err(ConfigError::new)?;
     check_set::<LeaseTtl>(&format!("{prefix}leaseTtlMs"), o.lease_ttl)?;
     check_set::<Any>(&format!("{prefix}dedupWindowMs"), o.dedup_window)?;

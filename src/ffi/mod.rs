@@ -402,6 +402,7 @@ pub unsafe extern "C" fn botmesh_bot_deliver(
             Err(e) if e.reason == Reason::ShuttingDown => {
                 Err((BOTMESH_SHUTTING_DOWN, e.to_string()))
             }
+            Err(e) if e.reason == Reason::Invalid => Err((BOTMESH_INVALID, e.to_string())),
             Err(e) => Err((BOTMESH_BACKEND, e.to_string())),
         }
     })

@@ -21,8 +21,9 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::clock::Clock;
 use crate::coordinator::{
-    BackendError, Coordinator, DEFAULT_DEDUP_WINDOW, DEFAULT_LEASE_TTL, EnqueueRequest, Enqueued,
-    Grant, GrantSink, HISTORY, HeldLease, Released, Renewal, ReplicaId, Token, Waiting,
+    BackendError, ChatView, Coordinator, DEFAULT_DEDUP_WINDOW, DEFAULT_LEASE_TTL, EnqueueRequest,
+    Enqueued, Grant, GrantSink, HISTORY, HeldLease, LeaderView, LeaseName, MeshView, Released,
+    Renewal, ReplicaId, Token, Waiting, lease_name, stored_name,
 };
 
 mod table;
@@ -308,5 +309,62 @@ impl Coordinator for MemoryCoordinator {
     fn read_checkpoint(&self, chat: &str) -> Result<Option<(Token, String)>, BackendError> {
         let now = self.clock.now();
         Ok(self.shard(chat).lock().read_checkpoint(now, chat))
+    }
+
+    fn inspect_chat(&self, chat: &str) -> Result<ChatView, BackendError> {
+        let now = self.clock.now();
+        let stored = stored_name(chat);
+        let row = self.shard(&stored).lock().view(now, &stored);
+        Ok(match row {
+            Some((_, holder, queued, previous)) => ChatView {
+                chat: chat.to_owned(),
+                holder,
+                queued,
+                previous,
+            },
+            None => ChatView {
+                chat: chat.to_owned(),
+                holder: None,
+                queued: 0,
+                previous: None,
+            },
+        })
+    }
+
+    fn inspect(&self, limit: usize) -> Result<MeshView, BackendError> {
+        let now = self.clock.now();
+        let mut rows = Vec::new();
+        for shard in self.shards.iter() {
+            shard.lock().views(now, &mut rows);
+        }
+        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut view = MeshView::default();
+        for (name, holder, queued, previous) in rows {
+            match lease_name(&name) {
+                LeaseName::Chat(chat) if view.chats.len() < limit => view.chats.push(ChatView {
+                    chat: chat.to_owned(),
+                    holder,
+                    queued,
+                    previous,
+                }),
+                LeaseName::Chat(_) => view.truncated = true,
+                LeaseName::Provider(id) => view.leaders.push(LeaderView {
+                    provider: id.to_owned(),
+                    holder,
+                    standbys: queued,
+                }),
+                LeaseName::Other => {}
+            }
+        }
+        let mut replicas: Vec<ReplicaId> = self
+            .replicas
+            .read()
+            .iter()
+            .filter(|(_, r)| r.alive_until.load(Ordering::Acquire) >= self.ns(now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        replicas.sort();
+        view.replicas = replicas;
+        Ok(view)
     }
 }

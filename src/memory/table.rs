@@ -172,7 +172,52 @@ fn settle(env: &Env<'_>, chat: &mut ChatState) -> Option<Grant> {
     None
 }
 
+/// One chat of the table as an inspection shows it: `(stored name, holder, queued,
+/// previous)`; the holder only while its lease runs.
+pub(crate) type ChatRow = (
+    String,
+    Option<crate::coordinator::HolderView>,
+    usize,
+    Option<Previous>,
+);
+
+fn row(name: &str, chat: &ChatState, now: Instant) -> ChatRow {
+    let holder = chat.holder.as_ref().filter(|h| h.lease_until >= now);
+    let view = holder.map(|h| crate::coordinator::HolderView {
+        ticket: h.ticket.clone(),
+        token: h.token,
+        lease_left: h.lease_until.saturating_duration_since(now),
+    });
+    let previous = match holder {
+        Some(h) => h.previous.clone(),
+        // Free (or expired): the last holder.
+        None => match &chat.holder {
+            Some(h) => Some(Previous {
+                replica: h.ticket.replica.clone(),
+                token: h.token,
+            }),
+            None => chat.previous.clone(),
+        },
+    };
+    (name.to_owned(), view, chat.queue.len(), previous)
+}
+
 impl Shard {
+    /// Inspection of one chat (read-only); `None` when the table has no state for it.
+    pub(crate) fn view(&self, now: Instant, chat: &str) -> Option<ChatRow> {
+        self.chats.get(chat).map(|c| row(chat, c, now))
+    }
+
+    /// Inspection of every chat that is held or waited for (read-only).
+    pub(crate) fn views(&self, now: Instant, out: &mut Vec<ChatRow>) {
+        for (name, c) in &self.chats {
+            let held = c.holder.as_ref().is_some_and(|h| h.lease_until >= now);
+            if held || !c.queue.is_empty() {
+                out.push(row(name, c, now));
+            }
+        }
+    }
+
     /// How many chats have a holder or waiters.
     pub(crate) fn active_chats(&self) -> usize {
         self.chats.values().filter(|c| !c.is_idle()).count()

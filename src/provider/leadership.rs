@@ -251,6 +251,9 @@ struct Runner {
 
 impl Runner {
     fn run(mut self) {
+        // The transport's start and stop run here: a bot stop called from them would
+        // wait for this thread.
+        let _in_bot = crate::intake::InBot::enter(self.intake.bot_key());
         loop {
             let Some(turn) = self.campaign() else {
                 return;

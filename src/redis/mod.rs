@@ -72,16 +72,20 @@ use redis::{Client, Connection, ErrorKind, RedisError, Script, ServerErrorKind, 
 use serde::Deserialize;
 
 use crate::coordinator::{
-    BackendError, CHECKPOINT_TTL, Coordinator, DEFAULT_DEDUP_WINDOW, DEFAULT_LEASE_TTL,
-    EnqueueRequest, Enqueued, Grant, GrantSink, HISTORY, HeldLease, Released, Renewal, ReplicaId,
-    TicketState, Token, Waiting,
+    BackendError, CHECKPOINT_TTL, ChatView, Coordinator, DEFAULT_DEDUP_WINDOW, DEFAULT_LEASE_TTL,
+    EnqueueRequest, Enqueued, Grant, GrantSink, HISTORY, HeldLease, MeshView, Released, Renewal,
+    ReplicaId, TicketState, Token, Waiting,
 };
 
+mod inspect;
 mod keys;
 mod scripts;
+mod url;
 
 use keys::{ChatKeys, grant_from, parse_grant, ticket_str};
 use scripts::Scripts;
+use url::connection_info;
+pub(crate) use url::{check_parses, read_env};
 
 /// Idle pooled connections kept at most.
 const POOL_MAX: usize = 64;
@@ -104,6 +108,10 @@ pub struct RedisOptions {
     /// [`with_lease_ttl`](RedisOptions::with_lease_ttl)); must stay under half the
     /// lease TTL (see [`RedisCoordinator::connect`]).
     pub command_timeout: Duration,
+    /// The password, given apart from the URL (from an environment variable: see
+    /// [`RedisOptions::with_password_from_env`], or `passwordEnv` in files); it takes
+    /// the place of any password in `url`. `None`: the URL's own, if any. Never logged.
+    pub password: Option<String>,
 }
 
 impl std::fmt::Debug for RedisOptions {
@@ -114,6 +122,7 @@ impl std::fmt::Debug for RedisOptions {
             .field("lease_ttl", &self.lease_ttl)
             .field("dedup_window", &self.dedup_window)
             .field("command_timeout", &self.command_timeout)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .finish()
     }
 }
@@ -147,7 +156,33 @@ impl RedisOptions {
             lease_ttl: DEFAULT_LEASE_TTL,
             dedup_window: DEFAULT_DEDUP_WINDOW,
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            password: None,
         }
+    }
+
+    /// Options for the URL held by the environment variable `var` (so the URL, with
+    /// its password, stays out of files and command lines), with every default.
+    ///
+    /// # Errors
+    /// A message naming the variable (never its value) when it is unset, empty or not
+    /// UTF-8.
+    pub fn from_env(var: &str) -> Result<Self, String> {
+        Ok(Self::new(read_env("urlEnv", var)?))
+    }
+
+    /// Sets the password, taking the place of any password in the URL.
+    pub fn with_password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(password.into());
+        self
+    }
+
+    /// Sets the password from the environment variable `var`.
+    ///
+    /// # Errors
+    /// A message naming the variable (never its value) when it is unset, empty or not
+    /// UTF-8.
+    pub fn with_password_from_env(self, var: &str) -> Result<Self, String> {
+        Ok(self.with_password(read_env("passwordEnv", var)?))
     }
 
     /// Sets the key prefix.
@@ -203,6 +238,8 @@ struct Subscriber {
 /// ```
 pub struct RedisCoordinator {
     client: Client,
+    /// The server's address without credentials, for error messages.
+    server: String,
     options: RedisOptions,
     ttl_ms: u64,
     pool: Mutex<Vec<Connection>>,
@@ -227,9 +264,20 @@ struct Wake {
     pk: String,
 }
 
-fn describe(e: &RedisError) -> BackendError {
-    // RedisError's text never contains the URL or the password.
-    BackendError::new(format!("redis: {e}"))
+/// A Redis failure as a backend error naming the server (host:port or socket path,
+/// never the user or password; RedisError's own text holds neither) and, for a
+/// timeout, the timeout that ran out.
+fn describe_at(server: &str, timeout: Duration, e: &RedisError) -> BackendError {
+    if e.is_timeout() {
+        BackendError::new(format!(
+            "redis at {server}: no reply within the command timeout ({}): {e}",
+            humantime::format_duration(timeout)
+        ))
+    } else if e.is_connection_refusal() {
+        BackendError::new(format!("redis at {server}: cannot connect: {e}"))
+    } else {
+        BackendError::new(format!("redis at {server}: {e}"))
+    }
 }
 
 fn is_transient(e: &RedisError) -> bool {
@@ -273,11 +321,16 @@ impl RedisCoordinator {
             }
         }
         check_timeout_fits_lease(&options).map_err(BackendError::new)?;
-        let client = Client::open(options.url.as_str())
-            .map_err(|e| BackendError::new(format!("url: not a valid Redis URL ({e})")))?;
+        let client = Client::open(
+            connection_info(&options.url, options.password.as_deref())
+                .map_err(BackendError::new)?,
+        )
+        .map_err(|e| BackendError::new(format!("url: not a usable Redis URL ({e})")))?;
+        let server = client.get_connection_info().addr().to_string();
         let ttl_ms = u64::try_from(options.lease_ttl.as_millis()).unwrap_or(u64::MAX);
         let me = RedisCoordinator {
             client,
+            server,
             options,
             ttl_ms,
             pool: Mutex::new(Vec::new()),
@@ -285,7 +338,7 @@ impl RedisCoordinator {
             subscribers: Mutex::new(HashMap::new()),
         };
         let mut con = me.open()?;
-        me.load_scripts(&mut con).map_err(|e| describe(&e))?;
+        me.load_scripts(&mut con).map_err(|e| me.describe(&e))?;
         me.pool.lock().push(con);
         Ok(me)
     }
@@ -303,14 +356,25 @@ impl RedisCoordinator {
         &self.options
     }
 
+    /// The server's address (host:port or socket path), without credentials.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    fn describe(&self, e: &RedisError) -> BackendError {
+        describe_at(&self.server, self.options.command_timeout, e)
+    }
+
     fn open(&self) -> Result<Connection, BackendError> {
         let t = self.options.command_timeout;
         let con = self
             .client
             .get_connection_with_timeout(t)
-            .map_err(|e| describe(&e))?;
-        con.set_read_timeout(Some(t)).map_err(|e| describe(&e))?;
-        con.set_write_timeout(Some(t)).map_err(|e| describe(&e))?;
+            .map_err(|e| self.describe(&e))?;
+        con.set_read_timeout(Some(t))
+            .map_err(|e| self.describe(&e))?;
+        con.set_write_timeout(Some(t))
+            .map_err(|e| self.describe(&e))?;
         Ok(con)
     }
 
@@ -348,7 +412,7 @@ impl RedisCoordinator {
                     if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) && attempts < 3 =>
                 {
                     log::info!(target: "botmesh::redis", "Redis forgot the scripts; loading them again");
-                    self.load_scripts(&mut con).map_err(|e| describe(&e))?;
+                    self.load_scripts(&mut con).map_err(|e| self.describe(&e))?;
                     self.pool.lock().push(con);
                 }
                 Err(e) if is_transient(&e) && attempts < 2 => {
@@ -361,7 +425,7 @@ impl RedisCoordinator {
                     if is_transient(&e) {
                         self.pool.lock().clear();
                     }
-                    return Err(describe(&e));
+                    return Err(self.describe(&e));
                 }
             }
         }
@@ -411,6 +475,21 @@ impl RedisCoordinator {
                 log::error!(target: "botmesh::redis", "the subscriber thread panicked");
             }
         }
+    }
+}
+
+impl inspect::Reads for RedisCoordinator {
+    fn prefix(&self) -> &str {
+        &self.options.key_prefix
+    }
+    fn wake_prefix(&self) -> String {
+        RedisCoordinator::wake_prefix(self)
+    }
+    fn read(
+        &self,
+        f: &mut dyn FnMut(&mut Connection) -> Result<Value, RedisError>,
+    ) -> Result<Value, BackendError> {
+        self.with_conn(f)
     }
 }
 
@@ -516,9 +595,10 @@ impl Coordinator for RedisCoordinator {
             .is_err()
         {
             self.stop_subscriber(replica);
-            return Err(BackendError::new(
-                "redis: could not subscribe to the wake channel",
-            ));
+            return Err(BackendError::new(format!(
+                "redis at {}: could not subscribe to the wake channel",
+                self.server
+            )));
         }
         Ok(())
     }
@@ -636,6 +716,14 @@ impl Coordinator for RedisCoordinator {
             Some("lost") => Ok(Released::Lost),
             _ => Err(BackendError::new("unexpected release reply from Redis")),
         }
+    }
+
+    fn inspect_chat(&self, chat: &str) -> Result<ChatView, BackendError> {
+        inspect::inspect_chat(self, chat)
+    }
+
+    fn inspect(&self, limit: usize) -> Result<MeshView, BackendError> {
+        inspect::inspect(self, limit)
     }
 
     fn renew(

@@ -343,6 +343,10 @@ impl Inner {
         wait: Duration,
         on_grant: OnGrant,
     ) -> Result<Accepted, CoordinationUnavailableError> {
+        // Every user chat comes through here (bot intake and `acquire`); reserved
+        // names do not.
+        crate::message::check_ids(chat, message_id)
+            .map_err(|e| CoordinationUnavailableError::invalid(chat, message_id, e))?;
         self.enqueue_stored(&stored_chat(chat), message_id, wait, on_grant)
             .map(|(accepted, _)| accepted)
     }

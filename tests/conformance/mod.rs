@@ -703,7 +703,7 @@ pub fn stopping_replica_loses_its_turns<H: Harness>() {
     b.shutdown();
 }
 
-/// Chat ids are any UTF-8 string and never collide.
+/// Chat ids are any non-empty UTF-8 string up to 4 KiB and never collide.
 pub fn any_chat_id<H: Harness>() {
     let h = H::start(Duration::from_secs(10));
     let r = Replica::start("r", h.coordinator()).expect("start");
@@ -717,12 +717,10 @@ pub fn any_chat_id<H: Harness>() {
         "a\nb".into(),
         "a\rb".into(),
         "ñandú 🦀".into(),
-        "".into(),
         "{".into(),
         "}".into(),
         "a\0b".into(),
         long.clone(),
-        format!("{long}y"),
         "turn:a".into(),
         "a:turn".into(),
     ];
@@ -738,6 +736,14 @@ pub fn any_chat_id<H: Harness>() {
         assert_eq!(t.chat(), id);
     }
     drop(turns);
+    // SPEC §3: an empty id and one over 4 KiB are refused, naming the limit.
+    for id in [String::new(), format!("{long}y")] {
+        let e = r
+            .acquire_timeout(&id, Duration::from_secs(2))
+            .expect_err("refused");
+        assert_eq!(e.reason, Reason::Invalid, "{e}");
+        assert!(e.to_string().contains("chat: the chat id is"), "{e}");
+    }
     r.shutdown();
     assert_eq!(h.live_state(), 0);
 }

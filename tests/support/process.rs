@@ -137,6 +137,30 @@ pub fn run_replica(cfg: &ReplicaConfig) -> Result<(), String> {
         })
         .build()
         .map_err(|e| e.to_string())?;
+    let bot = Arc::new(bot);
+    // SIGTERM / SIGINT (a pod being deleted, Ctrl-C): a clean stop, so the leadership
+    // and every turn are handed over at once instead of lapsing after the TTL.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])
+    .map_err(|e| format!("cannot install the signal handler: {e}"))?;
+    // A weak handle: the signal thread never ends, and must not keep the bot (and
+    // its provider) alive after a stop through stdin.
+    let on_signal = Arc::downgrade(&bot);
+    std::thread::spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            say(&format!("SIGNAL {sig}"));
+            if let Some(bot) = on_signal.upgrade()
+                && let Err(e) = bot.stop()
+            {
+                say(&format!("STOP refused {e}"));
+            }
+            say("BYE");
+            // stdin may stay open: the stop is done, leave now.
+            std::process::exit(0);
+        }
+    });
     say("READY");
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
@@ -162,7 +186,10 @@ pub fn run_replica(cfg: &ReplicaConfig) -> Result<(), String> {
             _ => {}
         }
     }
-    bot.shutdown();
+    if let Err(e) = bot.stop() {
+        say(&format!("STOP refused {e}"));
+    }
+    drop(bot);
     drop(client);
     let _ = printer.join();
     say("BYE");
@@ -239,6 +266,11 @@ impl ReplicaProcess {
             .status()
             .map(|s| s.success())
             .unwrap_or(false)
+    }
+
+    /// SIGTERM: the replica stops cleanly (see `run_replica`) and says `BYE`.
+    pub fn terminate(&self) -> bool {
+        self.signal("-TERM")
     }
 
     /// SIGSTOP: the process stops, its connections stay open.

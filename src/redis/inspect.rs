@@ -1,0 +1,280 @@
+//! Read-only inspection for operators: plain reads (`GET`, `PTTL`, `LLEN`), `SCAN`
+//! with `COUNT` over the key prefix, and `PUBSUB CHANNELS` for the live replicas. No
+//! script runs, so nothing is taken, extended, broken or moved on.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::{Connection, FromRedisValue, RedisError, Value};
+
+use super::keys::{ChatKeys, parse_ticket};
+use crate::coordinator::{
+    BackendError, ChatView, HolderView, LeaderView, LeaseName, MeshView, Previous, ReplicaId,
+    lease_name, stored_name,
+};
+
+/// Keys `SCAN` looks at per call: enough to move fast, small enough that one call
+/// never blocks the server for long.
+const SCAN_COUNT: usize = 1000;
+
+/// `pattern` with the glob characters of `s` escaped.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The stored chat name in a key `P:{enc}:<suffix>`, when the suffix is `want`.
+fn chat_of(prefix: &str, key: &str, want: &str) -> Option<String> {
+    let rest = key.strip_prefix(prefix)?.strip_prefix(":{")?;
+    let close = rest.find('}')?;
+    if &rest[close + 1..] != want {
+        return None;
+    }
+    let enc = &rest[..close];
+    let mut out = String::with_capacity(enc.len());
+    let mut i = 0;
+    while i < enc.len() {
+        let tail = &enc[i..];
+        let (c, n) = if tail.starts_with("%25") {
+            ('%', 3)
+        } else if tail.starts_with("%7B") {
+            ('{', 3)
+        } else if tail.starts_with("%7D") {
+            ('}', 3)
+        } else {
+            let c = tail.chars().next()?;
+            (c, c.len_utf8())
+        };
+        out.push(c);
+        i += n;
+    }
+    Some(out)
+}
+
+/// What the reads of one chat answered.
+struct Read {
+    holder: Option<String>,
+    pttl: i64,
+    queued: usize,
+    last: Option<String>,
+}
+
+fn view_of(chat: &str, r: Read) -> ChatView {
+    let fields: Vec<&str> = r
+        .holder
+        .as_deref()
+        .map(|h| h.split('\0').collect())
+        .unwrap_or_default();
+    let holder = match fields.as_slice() {
+        [t, k, ..] if r.pttl > 0 => {
+            parse_ticket(t)
+                .zip(k.parse().ok())
+                .map(|(ticket, token)| HolderView {
+                    ticket,
+                    token,
+                    lease_left: Duration::from_millis(r.pttl.unsigned_abs()),
+                })
+        }
+        _ => None,
+    };
+    let previous = match (&holder, fields.as_slice()) {
+        (Some(_), [_, _, pr, pk, ..]) if !pr.is_empty() => pk.parse().ok().map(|token| Previous {
+            replica: Arc::from(*pr),
+            token,
+        }),
+        (Some(_), _) => None,
+        // Free: the last holder, from `l` (token NUL replica).
+        (None, _) => r.last.as_deref().and_then(|l| {
+            let (k, replica) = l.split_once('\0')?;
+            Some(Previous {
+                replica: Arc::from(replica),
+                token: k.parse().ok()?,
+            })
+        }),
+    };
+    ChatView {
+        chat: chat.to_owned(),
+        holder,
+        queued: r.queued,
+        previous,
+    }
+}
+
+/// What an inspection needs from the coordinator: its prefixes and a connection.
+pub(super) trait Reads {
+    /// The key prefix.
+    fn prefix(&self) -> &str;
+    /// The prefix of the replicas' wake channels.
+    fn wake_prefix(&self) -> String;
+    /// Runs `f` on a pooled connection (with the coordinator's retry).
+    fn read(
+        &self,
+        f: &mut dyn FnMut(&mut Connection) -> Result<Value, RedisError>,
+    ) -> Result<Value, BackendError>;
+}
+
+fn typed<T: FromRedisValue>(v: Value) -> Result<T, BackendError> {
+    redis::from_redis_value(v).map_err(|e| BackendError::new(format!("unexpected reply: {e}")))
+}
+
+/// Reads the given stored chats in one pipeline (4 reads each).
+fn read_chats(r: &impl Reads, stored: &[String]) -> Result<Vec<Read>, BackendError> {
+    if stored.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for name in stored {
+        let keys = ChatKeys::new(r.prefix(), name);
+        pipe.cmd("GET").arg(keys.key("h"));
+        pipe.cmd("PTTL").arg(keys.key("h"));
+        pipe.cmd("LLEN").arg(keys.key("q"));
+        pipe.cmd("GET").arg(keys.key("l"));
+    }
+    type Row = (Option<String>, i64, usize, Option<String>);
+    let replies: Vec<Value> = typed(r.read(&mut |con| pipe.query(con))?)?;
+    let mut out = Vec::with_capacity(stored.len());
+    let mut it = replies.into_iter();
+    while let (Some(h), Some(p), Some(q), Some(l)) = (it.next(), it.next(), it.next(), it.next()) {
+        let row: Row = (typed(h)?, typed(p)?, typed(q)?, typed(l)?);
+        out.push(Read {
+            holder: row.0,
+            pttl: row.1,
+            queued: row.2,
+            last: row.3,
+        });
+    }
+    Ok(out)
+}
+
+/// `SCAN … MATCH pattern COUNT n` until the end or until `found` holds `limit`
+/// names; returns whether it stopped early.
+fn scan_chats(
+    r: &impl Reads,
+    pattern: &str,
+    suffixes: &[&str],
+    limit: usize,
+    found: &mut BTreeSet<String>,
+) -> Result<bool, BackendError> {
+    let prefix = r.prefix();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = typed(r.read(&mut |con| {
+            redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT)
+                .query(con)
+        })?)?;
+        for key in keys {
+            if let Some(name) = suffixes.iter().find_map(|s| chat_of(prefix, &key, s)) {
+                found.insert(name);
+            }
+        }
+        if found.len() > limit {
+            return Ok(true);
+        }
+        if next == 0 {
+            return Ok(false);
+        }
+        cursor = next;
+    }
+}
+
+pub(super) fn inspect_chat(r: &impl Reads, chat: &str) -> Result<ChatView, BackendError> {
+    let stored = stored_name(chat).into_owned();
+    let mut reads = read_chats(r, std::slice::from_ref(&stored))?;
+    let read = reads
+        .pop()
+        .ok_or_else(|| BackendError::new("short pipeline reply from Redis"))?;
+    Ok(view_of(chat, read))
+}
+
+pub(super) fn inspect(r: &impl Reads, limit: usize) -> Result<MeshView, BackendError> {
+    let p = glob_escape(r.prefix());
+    let mut names = BTreeSet::new();
+    let truncated = scan_chats(
+        r,
+        &format!("{p}:{{*}}:[hq]"),
+        &[":h", ":q"],
+        limit,
+        &mut names,
+    )?;
+    // Leaderships apart, so a truncated chat scan cannot hide them.
+    let mut leaders = BTreeSet::new();
+    scan_chats(
+        r,
+        &format!("{p}:{{\0provider:*}}:[hq]"),
+        &[":h", ":q"],
+        limit,
+        &mut leaders,
+    )?;
+    let mut chats: Vec<String> = names
+        .into_iter()
+        .filter(|n| matches!(lease_name(n), LeaseName::Chat(_)))
+        .collect();
+    chats.truncate(limit);
+    let leaders: Vec<String> = leaders.into_iter().collect();
+    let mut view = MeshView {
+        truncated,
+        ..MeshView::default()
+    };
+    for (name, read) in chats.iter().zip(read_chats(r, &chats)?) {
+        if let LeaseName::Chat(chat) = lease_name(name) {
+            let v = view_of(chat, read);
+            if v.holder.is_some() || v.queued > 0 {
+                view.chats.push(v);
+            }
+        }
+    }
+    for (name, read) in leaders.iter().zip(read_chats(r, &leaders)?) {
+        if let LeaseName::Provider(id) = lease_name(name) {
+            let v = view_of(id, read);
+            view.leaders.push(LeaderView {
+                provider: id.to_owned(),
+                holder: v.holder,
+                standbys: v.queued,
+            });
+        }
+    }
+    let wake = r.wake_prefix();
+    let pattern = format!("{}*", glob_escape(&wake));
+    let channels: Vec<String> = typed(r.read(&mut |con| {
+        redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg(&pattern)
+            .query(con)
+    })?)?;
+    let mut replicas: Vec<ReplicaId> = channels
+        .iter()
+        .filter_map(|c| c.strip_prefix(&wake))
+        .map(Arc::from)
+        .collect();
+    replicas.sort();
+    view.replicas = replicas;
+    Ok(view)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_decode_back_to_their_chat() {
+        for chat in ["a", "{x}", "50%", "a}:h", "\0provider:tg", "ñ"] {
+            let key = ChatKeys::new("p*", chat).key("h");
+            assert_eq!(chat_of("p*", &key, ":h").as_deref(), Some(chat), "{key}");
+        }
+        let claim = ChatKeys::new("p", "c").claim("x}:h");
+        assert_eq!(chat_of("p", &claim, ":h"), None);
+        assert_eq!(glob_escape("a*b[c]"), "a\\*b\\[c\\]");
+    }
+}
