@@ -78,10 +78,13 @@ return 0
 
 pub(super) const CHECK: &str = r#"
 local hv = holder_or_settle(h, q, w, l, chat, t, ttl, hist, wake)
-if hv and hv[1] == t then return {'granted', t, hv[2], hv[3], hv[4]} end
-if redis.call('LPOS', q, t) then
+local granted = hv and hv[1] == t
+if granted or redis.call('LPOS', q, t) then
+  -- The caller is alive: its later tickets in this chat stay so too (the re-check
+  -- asks about its earliest ticket only, and a grant may wait a while to be used).
   redis.call('HSET', w, replica_of(t), num(now_us() + ttl * 1000))
   touch(q, w, ttl)
+  if granted then return {'granted', t, hv[2], hv[3], hv[4]} end
   return {'waiting'}
 end
 -- Skipped after its replica's liveness lapsed (its field is still here), or lost with

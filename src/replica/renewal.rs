@@ -245,16 +245,17 @@ impl Inner {
             // refreshed it for a TTL: a partition, a pause, a backend down that long)
             // was most likely skipped, and its trace expired since: later messages
             // may have run, so it is lost like a lapsed one, not queued again.
-            let state = match state {
-                TicketState::Gone
-                    if self
-                        .waiting
-                        .lock()
-                        .alive_from(*seq)
-                        .is_some_and(|t| t + self.trusted <= self.clock.now()) =>
-                {
-                    TicketState::Lapsed
+            let refreshed = self.waiting.lock().alive_from(*seq);
+            let age = refreshed.map(|t| self.clock.now().saturating_duration_since(t));
+            let why = match (&state, age) {
+                (TicketState::Gone, Some(age)) => {
+                    format!("it is gone, its liveness unrefreshed for {age:?}")
                 }
+                (_, Some(age)) => format!("skipped, its liveness refreshed {age:?} ago"),
+                _ => String::new(),
+            };
+            let state = match state {
+                TicketState::Gone if age.is_some_and(|a| a >= self.trusted) => TicketState::Lapsed,
                 other => other,
             };
             match state {
@@ -270,7 +271,7 @@ impl Inner {
                     }
                     let placed = self.waiting.lock().placed_on(chat);
                     for (_, seq, _) in placed {
-                        self.report_lost(seq);
+                        self.report_lost(seq, &why);
                     }
                 }
                 TicketState::Gone => {
@@ -361,7 +362,7 @@ impl Inner {
     }
 
     /// Ends a waiting ticket with `lost`: it lost its place in the queue.
-    fn report_lost(self: &Arc<Self>, seq: u64) {
+    fn report_lost(self: &Arc<Self>, seq: u64, why: &str) {
         if let Some(w) = self.take_waiter(seq) {
             if !is_reserved(&w.chat) {
                 inc(&self.metrics.lost);
@@ -371,7 +372,7 @@ impl Inner {
                 shown_chat(&w.chat),
                 w.message_id.as_deref(),
             );
-            log::warn!(target: "botmesh::replica", "{err}: its ticket lapsed while this replica was out of touch");
+            log::warn!(target: "botmesh::replica", "{err}: its ticket lapsed while this replica was out of touch ({why})");
             (w.on_grant)(Err(NoTurn::Failed(err)));
         }
     }
