@@ -133,7 +133,8 @@ pub use memory::MemoryCoordinator;
 pub use message::{Message, Outcome};
 pub use metrics::{MetricsSnapshot, WAIT_BUCKETS};
 pub use provider::{
-    Capabilities, CloseReason, Provider, ProviderError, Session, Status, StatusSender,
+    ButtonAction, Capabilities, CloseReason, Fence, InlineButton, Keyboard, Provider,
+    ProviderError, Reply, Session, Status, StatusSender,
 };
 pub use replica::{Accepted, Replica, Turn};
 
