@@ -207,6 +207,15 @@ impl FakeTelegram {
         self.wait(timeout, |s| s.sends.len() >= n)
     }
 
+    /// Waits until every text in `texts` was sent at least once.
+    pub fn wait_sent_all(&self, texts: &[String], timeout: Duration) -> bool {
+        self.wait(timeout, |s| {
+            let sent: std::collections::HashSet<&str> =
+                s.sends.iter().map(|x| x.text.as_str()).collect();
+            texts.iter().all(|t| sent.contains(t.as_str()))
+        })
+    }
+
     /// Waits until every pushed update is confirmed.
     pub fn wait_all_confirmed(&self, timeout: Duration) -> bool {
         self.wait(timeout, |s| s.confirmed >= s.next_id)
