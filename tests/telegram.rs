@@ -364,3 +364,53 @@ fn handlers_read_the_update_and_bad_settings_are_refused() {
     let u: Update = serde_json::from_str(r#"{"update_id": 1}"#).expect("parses");
     assert_eq!(u.update_id, 1);
 }
+
+/// The `telegram_echo` example against the fake API: it echoes text messages (and
+/// nothing else), and SIGTERM stops it cleanly. Needs the example built (`cargo test`
+/// builds it; a run filtered to this test file alone may not, and then says so).
+#[test]
+fn the_echo_example_answers_and_stops_on_sigterm() {
+    let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent()?.parent().map(|d| d.to_owned()))
+    else {
+        return;
+    };
+    let bin = dir.join("examples").join("telegram_echo");
+    if !bin.exists() {
+        eprintln!(
+            "{} not built; skipped (cargo test builds it)",
+            bin.display()
+        );
+        return;
+    }
+    let fake = FakeTelegram::start();
+    let mut child = std::process::Command::new(&bin)
+        .args([
+            "--token",
+            TOKEN,
+            "--api-url",
+            &fake.url(),
+            "--replica-id",
+            "echo-1",
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn the example");
+    fake.push_update(json!({"message": {"message_id": 1, "chat": {"id": 9}, "sticker": {}}}));
+    fake.push_text(9, "hello");
+    assert!(fake.wait_sends(1, LONG));
+    let stopped = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(stopped.success());
+    let status = child.wait().expect("exits");
+    assert!(status.success(), "{status:?}");
+    let sends = fake.sends();
+    assert_eq!(sends.len(), 1, "the sticker is not echoed");
+    assert_eq!(
+        (sends[0].chat.clone(), sends[0].text.as_str()),
+        (json!(9), "hello")
+    );
+}
