@@ -5,7 +5,7 @@
 //!   answers a second `getUpdates` poller with `409 Conflict`. The provider declares
 //!   [`exclusive_session`](crate::Capabilities::exclusive_session), so under the
 //!   default `auto` session mode only the leader replica polls (see
-//!   [`Provider`](crate::Provider) for the election). An update's offset is confirmed
+//!   [`Provider`] for the election). An update's offset is confirmed
 //!   (by the next `getUpdates`) only once the intake took it in, so a new leader
 //!   fetches again what the old one fetched and did not take in; the dedup window
 //!   absorbs what both took (the update id is the message id). A `409` is reported as

@@ -7,8 +7,8 @@ use crate::config::ConfigError;
 /// The Bot API's public address.
 pub const DEFAULT_API_URL: &str = "https://api.telegram.org";
 
-/// The settings of a [`Telegram`] transport. Build with [`TelegramConfig::new`] and
-/// the `with_` methods; checked by [`Telegram::long_polling`] / [`Telegram::webhook`].
+/// The settings of a [`Telegram`](super::Telegram) transport. Build with [`TelegramConfig::new`] and
+/// the `with_` methods; checked by [`Telegram::long_polling`](super::Telegram::long_polling) / [`Telegram::webhook`](super::Telegram::webhook).
 #[derive(Clone)]
 pub struct TelegramConfig {
     /// The bot's token from @BotFather; secret: never logged or shown in errors.

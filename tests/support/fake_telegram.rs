@@ -345,7 +345,7 @@ fn get_updates(conn: &TcpStream, shared: &(Mutex<State>, Condvar), label: String
     {
         let mut g = lock(shared);
         g.poll_count += 1;
-        if g.rate_limit_every > 0 && g.poll_count % g.rate_limit_every == 0 {
+        if g.rate_limit_every > 0 && g.poll_count.is_multiple_of(g.rate_limit_every) {
             g.polls.push(Poll {
                 label,
                 start,
