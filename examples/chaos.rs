@@ -239,6 +239,9 @@ fn chaos(o: &ChaosOptions) -> Result<bool, String> {
         write_faults(log, &seen)?;
     }
     let verdict = judge::judge(&finished.drops, &seen, o);
+    if let Some(log) = &o.log {
+        write_unexplained(log, &verdict)?;
+    }
     let summary = judge::summary(&judge::Inputs {
         o,
         finished: &finished,
@@ -275,6 +278,29 @@ struct FaultLine<'a> {
 }
 
 /// Writes the faults beside the log, on the log's clock (µs since the Unix epoch).
+/// Every drop no fault explains, one line each, to `PATH.unexplained` (the summary
+/// shows a few).
+fn write_unexplained(log: &std::path::Path, verdict: &judge::Verdict) -> Result<(), String> {
+    let mut path = log.as_os_str().to_owned();
+    path.push(".unexplained");
+    let path = std::path::PathBuf::from(path);
+    let mut text = String::new();
+    for u in &verdict.unexplained {
+        let d = &u.drop;
+        text.push_str(&format!(
+            "{} {} {} sent_s={:.3} dropped_s={:.3} redelivered={} during: {}\n",
+            d.update_id,
+            d.reason,
+            d.replica.as_deref().unwrap_or("-"),
+            d.sent.as_secs_f64(),
+            d.at.as_secs_f64(),
+            d.redelivered,
+            u.during.join(", ")
+        ));
+    }
+    std::fs::write(&path, text).map_err(|e| format!("--log: cannot write {}: {e}", path.display()))
+}
+
 fn write_faults(log: &std::path::Path, seen: &[Seen]) -> Result<(), String> {
     let mut path = log.as_os_str().to_owned();
     path.push(".faults");

@@ -470,8 +470,12 @@ impl Shard {
         {
             pushes.push((w.chat.to_owned(), g));
         }
-        let state = match chat.holder.as_ref() {
-            Some(h) if &h.ticket == w.ticket => TicketState::Granted(grant_of(h)),
+        let state = match chat.holder.as_mut() {
+            Some(h) if &h.ticket == w.ticket => {
+                // Renewed, as the holder's renewal would (see `Coordinator::renew`).
+                h.lease_until = h.lease_until.max(env.now + env.ttl);
+                TicketState::Granted(grant_of(h))
+            }
             _ if chat.queue.iter().any(|q| &q.ticket == w.ticket) => TicketState::Waiting,
             _ => TicketState::Lapsed,
         };

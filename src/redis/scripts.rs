@@ -84,7 +84,12 @@ if granted or redis.call('LPOS', q, t) then
   -- asks about its earliest ticket only, and a grant may wait a while to be used).
   redis.call('HSET', w, replica_of(t), num(now_us() + ttl * 1000))
   touch(q, w, ttl)
-  if granted then return {'granted', t, hv[2], hv[3], hv[4]} end
+  if granted then
+    -- Renewed as the holder's own renewal would: the caller counts the lease from
+    -- this call, with no further round trip before using it.
+    redis.call('PEXPIRE', h, ttl, 'GT')
+    return {'granted', t, hv[2], hv[3], hv[4]}
+  end
   return {'waiting'}
 end
 -- Skipped after its replica's liveness lapsed (its field is still here), or lost with

@@ -66,8 +66,8 @@ pub(crate) fn renewal_loop(inner: &Arc<Inner>) {
     }
 }
 
-/// The most in-flight duplicates asked about again per tick, and ghosts cancelled per
-/// tick: each costs a round trip on the renewal thread.
+/// The most in-flight duplicates asked about again, ghosts cancelled and suspect
+/// grants released per tick: each costs a round trip on the renewal thread.
 const RETRIES_PER_TICK: usize = 32;
 
 /// The renewal tick's work: it runs on the renewal thread, and tests call it
@@ -173,8 +173,15 @@ impl Inner {
     /// Releases the grants no held turn uses (see `deliver`); called by the tick.
     fn release_suspects(self: &Arc<Self>) {
         let suspects = std::mem::take(&mut *self.suspects.lock());
+        let mut released = 0;
         for (chat, grant) in suspects {
             let seq = grant.ticket.seq;
+            // Each release is a round trip on this thread: a flood waits for the next
+            // ticks rather than delaying this one's renewals.
+            if released >= RETRIES_PER_TICK {
+                self.suspects.lock().push((chat, grant));
+                continue;
+            }
             // Still being turned into a held turn: ask again on the next tick.
             if self.in_hand.lock().contains(&seq) {
                 self.suspects.lock().push((chat, grant));
@@ -192,6 +199,7 @@ impl Inner {
             if !in_use {
                 log::debug!(target: "botmesh::replica", "releasing grant {} on chat {chat:?}: no turn uses it", grant.ticket);
                 self.release_ghost(&chat, &grant);
+                released += 1;
             }
         }
     }
@@ -229,7 +237,14 @@ impl Inner {
     /// (see [`Waiters::first_placed_per_chat`]): a backlog does not multiply the
     /// tick's work.
     fn placed_waiters(&self) -> Vec<PlacedWaiter> {
-        self.waiting.lock().first_placed_per_chat()
+        // An enqueue unanswered for a renewal period is slow, not failed (that takes
+        // the command timeout): keep its ticket alive meanwhile.
+        let slow = self
+            .clock
+            .now()
+            .checked_sub(period(self.ttl))
+            .unwrap_or_else(|| self.clock.now());
+        self.waiting.lock().first_placed_per_chat(slow)
     }
 
     /// Acts on the re-check's findings (of a call sent at `sent`): grants found are
@@ -255,11 +270,17 @@ impl Inner {
                 _ => String::new(),
             };
             let state = match state {
+                // A ticket whose enqueue has not answered yet may not have arrived:
+                // only a grant or a place found is news.
+                TicketState::Gone | TicketState::Lapsed if !self.waiting.lock().is_placed(*seq) => {
+                    continue;
+                }
                 TicketState::Gone if age.is_some_and(|a| a >= self.trusted) => TicketState::Lapsed,
                 other => other,
             };
             match state {
-                TicketState::Granted(grant) => self.deliver(chat, grant),
+                // The re-check renewed it (see `Coordinator::renew`).
+                TicketState::Granted(grant) => self.deliver_from(chat, grant, Some(sent)),
                 TicketState::Waiting => self.waiting.lock().refreshed(*seq, sent),
                 TicketState::Lapsed => {
                     // Skipped because this replica's liveness lapsed (it was paused or
