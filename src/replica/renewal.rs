@@ -94,6 +94,11 @@ impl Inner {
 
     fn tick(self: &Arc<Self>, last_ok: &mut Instant, renew_held: bool) {
         use std::sync::atomic::Ordering;
+        // The follow-up calls after the renewal (retries, ghosts, suspects) are one
+        // round trip each on this thread: on a slow link or a starved host they stop
+        // at this point in real time and go on next tick, so the next renewal (which
+        // keeps this replica's tickets alive) is never pushed back by them.
+        let budget = Instant::now() + period(self.ttl) / 4;
         let now_ns = clock_ns(self.clock.now());
         let before = self.last_tick.swap(now_ns, Ordering::AcqRel);
         let period_ns = u64::try_from(period(self.ttl).as_nanos()).unwrap_or(u64::MAX);
@@ -132,9 +137,9 @@ impl Inner {
                     }
                 }
                 self.apply_recheck(&waiters, renewal.waiting, sent);
-                self.retry_in_flight();
-                self.bury_ghosts();
-                self.release_suspects();
+                self.retry_in_flight(budget);
+                self.bury_ghosts(budget);
+                self.release_suspects(budget);
             }
             Err(e) => {
                 inc(&self.metrics.backend_errors);
@@ -171,14 +176,14 @@ impl Inner {
     }
 
     /// Releases the grants no held turn uses (see `deliver`); called by the tick.
-    fn release_suspects(self: &Arc<Self>) {
+    fn release_suspects(self: &Arc<Self>, budget: Instant) {
         let suspects = std::mem::take(&mut *self.suspects.lock());
         let mut released = 0;
         for (chat, grant) in suspects {
             let seq = grant.ticket.seq;
             // Each release is a round trip on this thread: a flood waits for the next
             // ticks rather than delaying this one's renewals.
-            if released >= RETRIES_PER_TICK {
+            if released >= RETRIES_PER_TICK || Instant::now() >= budget {
                 self.suspects.lock().push((chat, grant));
                 continue;
             }
@@ -206,12 +211,12 @@ impl Inner {
 
     /// Cancels the tickets whose enqueue failed; called by the renewal tick. Stops at
     /// the first backend error (the rest wait for the next tick).
-    fn bury_ghosts(self: &Arc<Self>) {
+    fn bury_ghosts(self: &Arc<Self>, budget: Instant) {
         let ghosts: Vec<PlacedWaiter> = std::mem::take(&mut *self.ghosts.lock());
         let mut left = Vec::new();
         let mut reachable = true;
         for (i, g) in ghosts.into_iter().enumerate() {
-            if !reachable || i >= RETRIES_PER_TICK {
+            if !reachable || i >= RETRIES_PER_TICK || Instant::now() >= budget {
                 left.push(g);
                 continue;
             }
@@ -361,7 +366,7 @@ impl Inner {
     /// Asks again for each message whose id was in flight on another replica: it
     /// becomes a duplicate once that delivery was handled, or takes the claim over
     /// (and a place) once that delivery died unhandled.
-    fn retry_in_flight(self: &Arc<Self>) {
+    fn retry_in_flight(self: &Arc<Self>, budget: Instant) {
         let now = self.clock.now();
         // Listed first: the table's lock must not be held across the calls below.
         let in_flight = self.waiting.lock().in_flight();
@@ -369,6 +374,9 @@ impl Inner {
         // first, so that a flood of redeliveries never delays the renewals (the rest
         // wait for the next ticks, every TTL/6; each is still bounded by turn_wait).
         for (chat, seq, id) in in_flight.into_iter().take(RETRIES_PER_TICK) {
+            if Instant::now() >= budget {
+                break;
+            }
             let Some(wait) = self.waiting.lock().left(seq, now) else {
                 continue;
             };
