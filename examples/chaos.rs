@@ -142,6 +142,11 @@ fn main() -> ExitCode {
             }
         };
     }
+    // SIGTERM / SIGINT: the replica processes stop cleanly, then the redis-server.
+    if let Err(e) = signals::stop_children_on_signal("chaos") {
+        eprintln!("chaos: cannot install the signal handler: {e}");
+        return ExitCode::FAILURE;
+    }
     let o = match chaos_args::parse(argv) {
         Ok(Command::Run(o)) => o,
         Ok(Command::Help) => {

@@ -28,6 +28,8 @@
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 
+#[path = "common/signals.rs"]
+mod signals;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -113,6 +115,11 @@ fn main() -> ExitCode {
     };
     if options.child {
         return child();
+    }
+    // SIGTERM / SIGINT: the replica processes stop cleanly, then the redis-server.
+    if let Err(e) = signals::stop_children_on_signal("leader_demo") {
+        eprintln!("leader_demo: cannot install the signal handler: {e}");
+        return ExitCode::from(2);
     }
     match demo(&options) {
         Ok(true) => ExitCode::SUCCESS,

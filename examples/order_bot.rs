@@ -43,7 +43,11 @@ fn main() -> ExitCode {
     };
     let result = match value("--replica") {
         Some(id) => replica(&id, value("--redis-url"), value("--key-prefix")),
-        None => demo(value("--redis-url")),
+        None => match signals::stop_children_on_signal("order_bot") {
+            // SIGTERM / SIGINT: the replica processes stop cleanly, then the redis-server.
+            Ok(()) => demo(value("--redis-url")),
+            Err(e) => Err(format!("cannot install the signal handler: {e}")),
+        },
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
