@@ -159,7 +159,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match chaos(&o) {
+    let result = chaos(&o);
+    // A signal stop under way ends the process with its own status.
+    signals::park_if_stopping();
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {

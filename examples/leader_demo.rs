@@ -121,7 +121,10 @@ fn main() -> ExitCode {
         eprintln!("leader_demo: cannot install the signal handler: {e}");
         return ExitCode::from(2);
     }
-    match demo(&options) {
+    let result = demo(&options);
+    // A signal stop under way ends the process with its own status.
+    signals::park_if_stopping();
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
@@ -212,6 +215,7 @@ fn demo(options: &Options) -> Result<bool, String> {
             session: ProviderSession::Leader,
             exclusive: true,
         };
+        signals::park_if_stopping();
         let mut command = Command::new(&exe);
         command.arg("--child");
         ReplicaProcess::spawn(command, &cfg)

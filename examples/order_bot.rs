@@ -49,6 +49,8 @@ fn main() -> ExitCode {
             Err(e) => Err(format!("cannot install the signal handler: {e}")),
         },
     };
+    // A signal stop under way ends the process with its own status.
+    signals::park_if_stopping();
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
@@ -202,6 +204,7 @@ struct Platform {
 
 impl Platform {
     fn start(&mut self, id: &str) -> Result<(), String> {
+        signals::park_if_stopping();
         let mut child = Command::new(&self.exe)
             .args(["--replica", id, "--redis-url", &self.url])
             .args(["--key-prefix", &self.prefix])

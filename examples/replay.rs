@@ -168,6 +168,8 @@ fn main() -> ExitCode {
         Some(settings) if options.processes => parent::replay(&options, settings),
         _ => replay(&options, redis.as_ref()),
     };
+    // A signal stop under way ends the process with its own status.
+    signals::park_if_stopping();
     match result {
         Ok(summary) => {
             let record = if options.json {

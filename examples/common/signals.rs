@@ -99,7 +99,9 @@ pub fn raised(flag: &AtomicBool) -> bool {
 /// report). A child still running after its grace period is killed.
 ///
 /// Children are found in `/proc` by their parent pid (Linux); elsewhere the process
-/// only exits.
+/// only exits. The main thread goes on meanwhile; it must call [`park_if_stopping`]
+/// before it starts a replica process and before it returns, so that it neither
+/// starts new ones nor drops its `redis-server` under the stopping replicas.
 ///
 /// # Errors
 /// The signal handler could not be installed.
@@ -110,24 +112,31 @@ pub fn stop_children_on_signal(program: &'static str) -> std::io::Result<()> {
         .name("signals".into())
         .spawn(move || {
             if let Some(sig) = signals.forever().next() {
+                STOPPING.store(true, Ordering::SeqCst);
                 eprintln!("{program}: signal {sig}: stopping the replica processes");
-                let replicas: Vec<u32> = children()
-                    .into_iter()
-                    .filter(|c| c.command != "redis-server")
-                    .map(|c| c.pid)
-                    .collect();
-                stop_all(&replicas, CHILD_STOP_WITHIN);
+                // Rounds, for a replica the main thread was starting meanwhile.
+                let mut replicas = 0;
+                for _ in 0..3 {
+                    let live: Vec<u32> = children()
+                        .into_iter()
+                        .filter(|c| c.command != "redis-server")
+                        .map(|c| c.pid)
+                        .collect();
+                    if live.is_empty() {
+                        break;
+                    }
+                    replicas += live.len();
+                    stop_all(&live, CHILD_STOP_WITHIN);
+                }
                 let servers: Vec<u32> = children().into_iter().map(|c| c.pid).collect();
                 stop_all(&servers, SERVER_STOP_WITHIN);
                 remove_server_dirs();
-                // Whatever the main thread started meanwhile.
                 let late: Vec<u32> = children().into_iter().map(|c| c.pid).collect();
                 for pid in &late {
                     send(*pid, "KILL");
                 }
                 eprintln!(
-                    "{program}: stopped {} replica and {} redis-server processes{}",
-                    replicas.len(),
+                    "{program}: stopped {replicas} replica and {} redis-server processes{}",
                     servers.len(),
                     if late.is_empty() {
                         String::new()
@@ -139,6 +148,18 @@ pub fn stop_children_on_signal(program: &'static str) -> std::io::Result<()> {
             }
         })?;
     Ok(())
+}
+
+/// Set once [`stop_children_on_signal`]'s thread is stopping the children.
+static STOPPING: AtomicBool = AtomicBool::new(false);
+
+/// Called by a parent before it starts a replica process: once a signal stop is under
+/// way, this never returns (the signal thread ends the process), so the main thread
+/// starts nothing new and drops nothing (its `redis-server`) while the replicas stop.
+pub fn park_if_stopping() {
+    while STOPPING.load(Ordering::SeqCst) {
+        std::thread::park();
+    }
 }
 
 /// A child process of this one, as `/proc` shows it.
