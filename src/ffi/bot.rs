@@ -5,17 +5,16 @@ use std::ffi::{CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
+use super::base::{
+    BotmeshConfig, BotmeshContext, BotmeshError, BotmeshHandler, BotmeshOutcome, BotmeshSend,
+    UserData, deliver_to, guard, str_arg,
+};
 use super::provider::{BotmeshProvider, CProvider, CSend};
-use super::{
-    BOTMESH_BACKEND, BOTMESH_CONFIG, BOTMESH_DUPLICATE, BOTMESH_INVALID, BOTMESH_OK,
-    BOTMESH_OUTCOME_DROPPED, BOTMESH_OUTCOME_DUPLICATE, BOTMESH_OUTCOME_FAILED,
-    BOTMESH_OUTCOME_HANDLED, BOTMESH_PROVIDER, BOTMESH_SHUTTING_DOWN, BotmeshConfig,
-    BotmeshContext, BotmeshError, BotmeshHandler, BotmeshOutcome, BotmeshSend, UserData, guard,
-    str_arg,
+use super::status::{
+    BOTMESH_BACKEND, BOTMESH_CONFIG, BOTMESH_INVALID, BOTMESH_OK, BOTMESH_OUTCOME_DROPPED,
+    BOTMESH_OUTCOME_DUPLICATE, BOTMESH_OUTCOME_FAILED, BOTMESH_OUTCOME_HANDLED, BOTMESH_PROVIDER,
 };
-use crate::{
-    Accepted, Bot, CoordinationConfig, Intake, Message, Outcome, Provider, Reason, StartError,
-};
+use crate::{Bot, CoordinationConfig, Intake, Message, Outcome, Provider, StartError};
 
 /// The most worker threads a bot may ask for from C.
 const MAX_WORKERS: u32 = 1024;
@@ -46,32 +45,6 @@ pub struct BotmeshBuilder {
 pub struct BotmeshBot {
     intake: Intake,
     bot: Bot,
-}
-
-/// Takes `message_id`/`chat`/`text` in through `intake`, as a status code.
-///
-/// # Safety
-/// `chat` and `text` are NUL-terminated strings; `message_id` is NULL or one.
-pub(super) unsafe fn deliver_to(
-    intake: &Intake,
-    chat: *const c_char,
-    message_id: *const c_char,
-    text: *const c_char,
-) -> Result<c_int, (c_int, String)> {
-    // SAFETY: per this function's contract.
-    let (chat, text) = unsafe { (str_arg(chat, "chat")?, str_arg(text, "text")?) };
-    let mut message = Message::new(chat, text);
-    if !message_id.is_null() {
-        // SAFETY: per this function's contract.
-        message = message.with_id(unsafe { str_arg(message_id, "message_id") }?);
-    }
-    match intake.deliver(message) {
-        Ok(Accepted::Queued) => Ok(BOTMESH_OK),
-        Ok(Accepted::Duplicate) => Ok(BOTMESH_DUPLICATE),
-        Err(e) if e.reason == Reason::ShuttingDown => Err((BOTMESH_SHUTTING_DOWN, e.to_string())),
-        Err(e) if e.reason == Reason::Invalid => Err((BOTMESH_INVALID, e.to_string())),
-        Err(e) => Err((BOTMESH_BACKEND, e.to_string())),
-    }
 }
 
 /// A new builder for a bot (replica `id`, `workers` threads) that runs `handler` for

@@ -7,10 +7,11 @@ use std::ffi::{CString, c_char, c_int, c_void};
 
 use parking_lot::Mutex;
 
-use super::{
+use super::base::{BotmeshError, BotmeshSend, UserData, deliver_to, guard, str_arg};
+use super::status::{
     BOTMESH_INVALID, BOTMESH_OK, BOTMESH_SESSION_CLOSED, BOTMESH_SESSION_CONNECTING,
     BOTMESH_SESSION_FENCED, BOTMESH_SESSION_LOGGED_OUT, BOTMESH_SESSION_OPEN,
-    BOTMESH_SESSION_REPLACED, BotmeshError, BotmeshSend, UserData, bot::deliver_to, guard, str_arg,
+    BOTMESH_SESSION_REPLACED,
 };
 use crate::{Capabilities, CloseReason, Provider, ProviderError, Session, Status};
 
