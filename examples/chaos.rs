@@ -142,6 +142,11 @@ fn main() -> ExitCode {
             }
         };
     }
+    // SIGTERM / SIGINT: the replica processes stop cleanly, then the redis-server.
+    if let Err(e) = signals::stop_children_on_signal("chaos") {
+        eprintln!("chaos: cannot install the signal handler: {e}");
+        return ExitCode::FAILURE;
+    }
     let o = match chaos_args::parse(argv) {
         Ok(Command::Run(o)) => o,
         Ok(Command::Help) => {
@@ -154,7 +159,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match chaos(&o) {
+    let result = chaos(&o);
+    // A signal stop under way ends the process with its own status.
+    signals::park_if_stopping();
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {

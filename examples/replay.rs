@@ -158,11 +158,18 @@ fn main() -> ExitCode {
     if let Some(name) = &options.child_replica {
         return child::run(&options, name);
     }
+    // SIGTERM / SIGINT: the replica processes stop cleanly, then any redis-server.
+    if let Err(e) = signals::stop_children_on_signal("replay") {
+        eprintln!("replay: cannot install the signal handler: {e}");
+        return ExitCode::FAILURE;
+    }
     let redis = RedisSettings::of(&options);
     let result = match &redis {
         Some(settings) if options.processes => parent::replay(&options, settings),
         _ => replay(&options, redis.as_ref()),
     };
+    // A signal stop under way ends the process with its own status.
+    signals::park_if_stopping();
     match result {
         Ok(summary) => {
             let record = if options.json {

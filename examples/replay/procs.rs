@@ -64,6 +64,7 @@ pub fn spawn(
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find this program to start replica {name}: {e}"))?;
     let ms = |d: Duration| format!("{}ms", d.as_millis());
+    crate::signals::park_if_stopping();
     let mut command = Command::new(exe);
     command
         .arg("--child-replica")
