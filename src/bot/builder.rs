@@ -380,10 +380,10 @@ impl BotBuilder {
                 "cannot spawn a thread: {e}"
             ))));
         }
-        // Settle cuts and delays go through the replica's timer, which a replica
-        // without coordination does not start by itself.
-        if shared.flows.is_some()
-            && let Some(Err(e)) = parts.replica.as_ref().map(Replica::start_timer)
+        // Settle cuts and delays, and the re-asking of in-flight duplicates, go
+        // through the replica's timer, which a replica without coordination does not
+        // start by itself.
+        if let Some(Err(e)) = parts.replica.as_ref().map(Replica::start_timer)
         {
             parts.stop_workers(&shared);
             return Err(StartError::Backend(e));

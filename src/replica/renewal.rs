@@ -28,6 +28,9 @@ use crate::metrics::{dec, inc};
 /// replica's clock. Ticks are scheduled from the previous one's due time, not its
 /// end, so a slow tick does not push every later one back.
 pub(crate) fn renewal_loop(inner: &Arc<Inner>) {
+    inner
+        .ticking
+        .store(true, std::sync::atomic::Ordering::Release);
     let half = period(inner.ttl) / 2;
     let mut last_ok = inner.now();
     let mut next = Instant::now() + half;
@@ -366,6 +369,33 @@ impl Inner {
     /// Asks again for each message whose id was in flight on another replica: it
     /// becomes a duplicate once that delivery was handled, or takes the claim over
     /// (and a place) once that delivery died unhandled.
+    /// Asks again about one in-flight duplicate (see `retry_later_unless_ticking`),
+    /// and schedules the next try while it stays in flight.
+    pub(super) fn retry_in_flight_one(self: &Arc<Self>, seq: u64) {
+        let found = self
+            .waiting
+            .lock()
+            .in_flight()
+            .into_iter()
+            .find(|w| w.1 == seq);
+        let Some((chat, seq, id)) = found else {
+            return; // queued, granted or ended meanwhile
+        };
+        let Some(wait) = self.waiting.lock().left(seq, self.clock.now()) else {
+            return;
+        };
+        let ticket = self.ticket(seq);
+        self.enqueue_again(&EnqueueRequest {
+            chat: &chat,
+            ticket: &ticket,
+            message_id: id.as_deref(),
+            wait,
+        });
+        if self.waiting.lock().in_flight().iter().any(|w| w.1 == seq) {
+            self.retry_later_unless_ticking(seq);
+        }
+    }
+
     fn retry_in_flight(self: &Arc<Self>, budget: Instant) {
         let now = self.clock.now();
         // Listed first: the table's lock must not be held across the calls below.
