@@ -383,8 +383,7 @@ impl BotBuilder {
         // Settle cuts and delays, and the re-asking of in-flight duplicates, go
         // through the replica's timer, which a replica without coordination does not
         // start by itself.
-        if let Some(Err(e)) = parts.replica.as_ref().map(Replica::start_timer)
-        {
+        if let Some(Err(e)) = parts.replica.as_ref().map(Replica::start_timer) {
             parts.stop_workers(&shared);
             return Err(StartError::Backend(e));
         }

@@ -21,7 +21,11 @@ if queued > 0 and redis.call('LPOS', q, t) then return {'queued'} end
 local now = nil
 if m then
   local c = redis.call('GET', m)
-  if c and string.byte(c, 1) == 33 then return {'duplicate'} end
+  if c and string.byte(c, 1) == 33 then
+    -- Handled by this very ticket: a retry of this enqueue whose first reply was lost.
+    if c == '!' .. t then return {'queued'} end
+    return {'duplicate'}
+  end
   if c and c ~= t then
     -- Claimed by a live delivery not handled yet: ask again later (it may die).
     if hv and hv[1] == c then return {'inflight'} end

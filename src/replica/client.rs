@@ -448,8 +448,16 @@ impl Inner {
                 Ok((Accepted::Queued, seq))
             }
             Ok(Enqueued::Duplicate) => {
+                if self.take_waiter(seq).is_none() {
+                    // Our own ticket, granted and handled while this call was retried
+                    // (its first attempt's reply was lost): the grant's callback owns
+                    // the message's end, which was not a duplicate.
+                    if metered {
+                        inc(&self.metrics.accepted);
+                    }
+                    return Ok((Accepted::Queued, seq));
+                }
                 inc(&self.metrics.duplicates);
-                self.take_waiter(seq);
                 Ok((Accepted::Duplicate, seq))
             }
             Err(e) => {

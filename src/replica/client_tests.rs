@@ -39,6 +39,10 @@ struct Hooked {
     /// Runs after the next `enqueue` reached the backend, whose reply is then lost
     /// (the caller gets an error, as when a connection breaks after sending).
     after_enqueue_fails: Mutex<Option<Hook>>,
+    /// Runs after the next `enqueue` reached the backend, which then answers
+    /// `Duplicate` (as a retried call does once the first attempt's ticket was
+    /// granted and handled).
+    after_enqueue_duplicate: Mutex<Option<Hook>>,
 }
 
 impl Coordinator for Hooked {
@@ -60,6 +64,11 @@ impl Coordinator for Hooked {
         if let Some(hook) = hook {
             hook();
             return Err(BackendError::new("reply lost"));
+        }
+        let hook = self.after_enqueue_duplicate.lock().take();
+        if let Some(hook) = hook {
+            hook();
+            return Ok(Enqueued::Duplicate);
         }
         answer
     }
@@ -142,6 +151,7 @@ impl World {
                 cut_off: Mutex::new(None),
                 with_held: Mutex::new(None),
                 after_enqueue_fails: Mutex::new(None),
+                after_enqueue_duplicate: Mutex::new(None),
             }),
         }
     }
@@ -529,4 +539,29 @@ fn a_second_copy_of_a_grant_being_confirmed_is_not_released() {
     tick(&r);
     r_turn.release().expect("r's turn stood throughout");
     assert_eq!(r.metrics.snapshot().lost, 0);
+}
+
+/// An enqueue retried after its first reply was lost finds its own ticket granted and
+/// handled meanwhile, and the backend answers `Duplicate`. The grant's callback owns
+/// the message's end; answering `Duplicate` to the caller as well ended it twice.
+#[test]
+fn an_enqueue_answered_duplicate_after_its_own_grant_ends_once() {
+    let w = World::new();
+    let h = w.replica("h");
+    let r = w.replica("r");
+    let h_turn = turn(&take(&h, "chat", None));
+    *w.backend.after_enqueue_duplicate.lock() = Some(Box::new(move || {
+        h_turn.release().expect("h releases");
+    }));
+    let (tx, rx): (Sender<Ended>, Receiver<Ended>) = unbounded();
+    let on_grant: OnGrant = Box::new(move |r| {
+        let _ = tx.send(r);
+    });
+    let answer = r.enqueue("chat", Some("m1"), Duration::from_secs(60), on_grant);
+    assert!(
+        matches!(answer, Ok(crate::Accepted::Queued)),
+        "taken in, not a duplicate: {answer:?}"
+    );
+    turn(&rx).release().expect("r runs it");
+    assert!(rx.try_recv().is_err(), "one end only");
 }
