@@ -286,6 +286,25 @@ struct FaultLine<'a> {
 }
 
 /// Writes the faults beside the log, on the log's clock (µs since the Unix epoch).
+/// One unexplained drop, for the summary and `PATH.unexplained`.
+fn describe_unexplained(u: &judge::Unexplained) -> String {
+    let d = &u.drop;
+    format!(
+        "update_id {} {} on {} (sent at {:.3} s, dropped at {:.3} s{}), during: {}",
+        d.update_id,
+        d.reason,
+        d.replica.as_deref().unwrap_or("-"),
+        d.sent.as_secs_f64(),
+        d.at.as_secs_f64(),
+        if d.redelivered { ", redelivered" } else { "" },
+        if u.during.is_empty() {
+            "no fault".to_owned()
+        } else {
+            u.during.join(", ")
+        }
+    )
+}
+
 /// Every drop no fault explains, one line each, to `PATH.unexplained` (the summary
 /// shows a few).
 fn write_unexplained(log: &std::path::Path, verdict: &judge::Verdict) -> Result<(), String> {
@@ -294,17 +313,8 @@ fn write_unexplained(log: &std::path::Path, verdict: &judge::Verdict) -> Result<
     let path = std::path::PathBuf::from(path);
     let mut text = String::new();
     for u in &verdict.unexplained {
-        let d = &u.drop;
-        text.push_str(&format!(
-            "{} {} {} sent_s={:.3} dropped_s={:.3} redelivered={} during: {}\n",
-            d.update_id,
-            d.reason,
-            d.replica.as_deref().unwrap_or("-"),
-            d.sent.as_secs_f64(),
-            d.at.as_secs_f64(),
-            d.redelivered,
-            u.during.join(", ")
-        ));
+        text.push_str(&describe_unexplained(u));
+        text.push('\n');
     }
     std::fs::write(&path, text).map_err(|e| format!("--log: cannot write {}: {e}", path.display()))
 }
@@ -404,21 +414,7 @@ fn human(o: &ChaosOptions, f: &Finished, v: &judge::Verdict, seen: &[Seen]) -> S
         s.push_str(&format!("  violation    {v}\n"));
     }
     for u in v.unexplained.iter().take(8) {
-        let d = &u.drop;
-        s.push_str(&format!(
-            "  unexplained  update_id {} {} on {} (sent at {:.3} s, dropped at {:.3} s{}), during: {}\n",
-            d.update_id,
-            d.reason,
-            d.replica.as_deref().unwrap_or("-"),
-            d.sent.as_secs_f64(),
-            d.at.as_secs_f64(),
-            if d.redelivered { ", redelivered" } else { "" },
-            if u.during.is_empty() {
-                "no fault".to_owned()
-            } else {
-                u.during.join(", ")
-            }
-        ));
+        s.push_str(&format!("  unexplained  {}\n", describe_unexplained(u)));
     }
     for l in f.silent.iter().take(8) {
         s.push_str(&format!(

@@ -170,13 +170,37 @@ impl World {
 
 /// Enqueues a message on `chat`; its wait's end arrives on the returned channel.
 fn take(r: &Arc<Inner>, chat: &str, id: Option<&str>) -> Receiver<Ended> {
+    let (answer, rx) = offer(r, chat, id);
+    answer.expect("enqueue");
+    rx
+}
+
+/// Like [`take`], with the enqueue's answer.
+fn offer(
+    r: &Arc<Inner>,
+    chat: &str,
+    id: Option<&str>,
+) -> (
+    Result<crate::Accepted, crate::CoordinationUnavailableError>,
+    Receiver<Ended>,
+) {
     let (tx, rx): (Sender<Ended>, Receiver<Ended>) = unbounded();
     let on_grant: OnGrant = Box::new(move |r| {
         let _ = tx.send(r);
     });
-    r.enqueue(chat, id, Duration::from_secs(60), on_grant)
-        .expect("enqueue");
-    rx
+    (r.enqueue(chat, id, Duration::from_secs(60), on_grant), rx)
+}
+
+/// `r` is cut off (its ticks run, its renewals fail) for 9 of its 10 s of liveness
+/// while `h` keeps renewing; then it is reachable again.
+fn cut_off_for_nine_seconds(w: &World, h: &Arc<Inner>, r: &Arc<Inner>) {
+    *w.backend.cut_off.lock() = Some(r.id.clone());
+    for _ in 0..3 {
+        w.clock.advance(Duration::from_secs(3));
+        tick(h);
+        tick(r);
+    }
+    *w.backend.cut_off.lock() = None;
 }
 
 fn turn(rx: &Receiver<Ended>) -> Turn {
@@ -400,17 +424,8 @@ fn a_grant_with_little_of_its_grantees_liveness_left_is_confirmed_before_use() {
     let x = w.replica("x");
     let h_turn = turn(&take(&h, "chat", None));
     let waiting = take(&r, "chat", None);
-    // r is cut off (its ticks run, its renewals fail) for 9 of its 10 s of liveness;
-    // h keeps renewing.
-    *w.backend.cut_off.lock() = Some(r.id.clone());
-    for _ in 0..3 {
-        w.clock.advance(Duration::from_secs(3));
-        tick(&h);
-        tick(&r);
-    }
-    // h hands the chat on: r's grant has 1 s of r's liveness left. r is reachable
-    // again by the time the push arrives.
-    *w.backend.cut_off.lock() = None;
+    cut_off_for_nine_seconds(&w, &h, &r);
+    // h hands the chat on: r's grant has 1 s of r's liveness left.
     h_turn.release().expect("h releases");
     let r_turn = turn(&waiting);
     // 1.5 s later, still before r's next renewal tick, x asks for the chat.
@@ -495,11 +510,7 @@ fn an_enqueue_that_fails_after_its_grant_arrived_ends_once() {
     *w.backend.after_enqueue_fails.lock() = Some(Box::new(move || {
         h_turn.release().expect("h releases");
     }));
-    let (tx, rx): (Sender<Ended>, Receiver<Ended>) = unbounded();
-    let on_grant: OnGrant = Box::new(move |r| {
-        let _ = tx.send(r);
-    });
-    let answer = r.enqueue("chat", Some("m1"), Duration::from_secs(60), on_grant);
+    let (answer, rx) = offer(&r, "chat", Some("m1"));
     assert!(answer.is_ok(), "accepted, not failed: {answer:?}");
     turn(&rx).release().expect("r runs it");
     assert!(rx.try_recv().is_err(), "one end only");
@@ -517,13 +528,7 @@ fn a_second_copy_of_a_grant_being_confirmed_is_not_released() {
     let h_turn = turn(&take(&h, "chat", None));
     let waiting = take(&r, "chat", None);
     // Unrefreshed for 9 s: the push will be confirmed before use.
-    *w.backend.cut_off.lock() = Some(r.id.clone());
-    for _ in 0..3 {
-        w.clock.advance(Duration::from_secs(3));
-        tick(&h);
-        tick(&r);
-    }
-    *w.backend.cut_off.lock() = None;
+    cut_off_for_nine_seconds(&w, &h, &r);
     let r2 = r.clone();
     *w.backend.with_held.lock() = Some(Box::new(move |held: &[HeldLease<'_>]| {
         let copy = Grant {
@@ -553,11 +558,7 @@ fn an_enqueue_answered_duplicate_after_its_own_grant_ends_once() {
     *w.backend.after_enqueue_duplicate.lock() = Some(Box::new(move || {
         h_turn.release().expect("h releases");
     }));
-    let (tx, rx): (Sender<Ended>, Receiver<Ended>) = unbounded();
-    let on_grant: OnGrant = Box::new(move |r| {
-        let _ = tx.send(r);
-    });
-    let answer = r.enqueue("chat", Some("m1"), Duration::from_secs(60), on_grant);
+    let (answer, rx) = offer(&r, "chat", Some("m1"));
     assert!(
         matches!(answer, Ok(crate::Accepted::Queued)),
         "taken in, not a duplicate: {answer:?}"
