@@ -143,14 +143,13 @@ fn two_pollers_get_409_and_report_it_as_replaced() {
         Telegram::long_polling(config(&fake.url_for("b"))).expect("c"),
         None,
     );
-    let deadline = Instant::now() + LONG;
-    while a.metrics().provider_conflicts + b.metrics().provider_conflicts == 0 {
-        assert!(Instant::now() < deadline, "no conflict reported");
-        // Not a synchronisation sleep: the pollers fight by themselves; this only
-        // paces the checks of their counters.
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(fake.conflicts().iter().any(|c| c.older != c.newer));
+    let conflict = fake.wait_conflict(LONG).expect("a 409");
+    assert_ne!(conflict.older, conflict.newer);
+    // The loser reports the 409 before it polls again.
+    let older = conflict.older.clone();
+    fake.wait_poll(conflict.at, LONG, |label| label == older)
+        .expect("the loser polls again");
+    assert!(a.metrics().provider_conflicts + b.metrics().provider_conflicts >= 1);
     a.shutdown();
     b.shutdown();
 }

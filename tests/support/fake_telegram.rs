@@ -241,6 +241,15 @@ impl FakeTelegram {
         }
     }
 
+    /// Waits for the first 409 given to a held poll; returns it.
+    pub fn wait_conflict(&self, timeout: Duration) -> Option<Conflict> {
+        if self.wait(timeout, |s| !s.conflicts.is_empty()) {
+            lock(&self.shared).conflicts.first().cloned()
+        } else {
+            None
+        }
+    }
+
     /// The label of the poll held now, if any.
     pub fn held_by(&self) -> Option<String> {
         let g = lock(&self.shared);
