@@ -79,6 +79,8 @@ mod proxy;
 mod resp;
 #[path = "common/signals.rs"]
 mod signals;
+#[path = "common/stderr_log.rs"]
+mod stderr_log;
 
 // The replay's modules, shared: the platform, the replica processes, the log. The
 // parts only the replay's other modes use are unused here.

@@ -110,6 +110,8 @@ mod common;
 mod data;
 #[path = "common/signals.rs"]
 mod signals;
+#[path = "common/stderr_log.rs"]
+mod stderr_log;
 // The platform of replica processes is shared with the chaos example, which uses the
 // parts of it that only fault injection needs.
 #[allow(dead_code)]

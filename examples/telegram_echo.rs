@@ -29,6 +29,19 @@ use botmesh::{Bot, CoordinationConfig, CoordinatorConfig};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
+#[path = "common/stderr_log.rs"]
+mod stderr_log;
+
+const USAGE: &str = "\
+usage: telegram_echo --token TOKEN [--api-url URL] [--redis-url URL] [--replica-id ID]
+                     [--webhook-listen ADDR --webhook-secret SECRET]
+
+Answers every text message with the same text. Alone on the memory backend, or with
+--redis-url as one of several replicas (one long-polls, the others stand by). With
+--webhook-listen it serves Telegram's webhook calls over plain HTTP on ADDR instead of
+polling (put TLS in front). botmesh's warnings go to stderr (BOTMESH_LOG=info or debug
+for more, off for none). SIGTERM or SIGINT stops it cleanly.";
+
 struct Args {
     token: String,
     api_url: Option<String>,
@@ -67,11 +80,34 @@ fn args() -> Result<Args, String> {
             Long("webhook-secret") => {
                 a.webhook_secret = Some(value(&mut parser, "--webhook-secret")?)
             }
-            other => return Err(format!("unexpected argument: {}", other.unexpected())),
+            Short('h') | Long("help") => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => {
+                return Err(format!(
+                    "unexpected argument: {}\n{USAGE}",
+                    other.unexpected()
+                ));
+            }
         }
     }
     if a.token.is_empty() {
-        return Err("--token: missing; use the token @BotFather gave".into());
+        return Err(format!(
+            "--token: missing; use the token @BotFather gave\n{USAGE}"
+        ));
+    }
+    if let Some(addr) = &a.webhook_listen {
+        addr.parse::<std::net::SocketAddr>()
+            .map_err(|e| format!("--webhook-listen {addr:?}: not a socket address ({e})"))?;
+        if a.webhook_secret.is_none() {
+            eprintln!(
+                "telegram_echo: warning: --webhook-listen without --webhook-secret accepts \
+                 calls from anyone who finds the address"
+            );
+        }
+    } else if a.webhook_secret.is_some() {
+        return Err("--webhook-secret: only used with --webhook-listen".into());
     }
     Ok(a)
 }
@@ -85,6 +121,12 @@ fn main() {
 
 fn run() -> Result<(), String> {
     let a = args()?;
+    // Without a logger botmesh's warnings (a refused token, an API it cannot reach)
+    // would go nowhere.
+    stderr_log::StderrLog::install(
+        a.replica_id.as_deref().unwrap_or("telegram_echo"),
+        Some(log::LevelFilter::Warn),
+    );
     let mut config = TelegramConfig::new(a.token.as_str());
     if let Some(url) = &a.api_url {
         config = config.with_api_url(url.as_str());
