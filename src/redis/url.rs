@@ -47,20 +47,6 @@ fn bad_port(url: &str) -> Option<&str> {
     (!port.is_empty() && !port.bytes().all(|b| b.is_ascii_digit())).then_some(port)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_bad_url_is_shown_with_its_password_masked_and_the_port_named() {
-        let e = check_parses("url", "redis://u:hunter2@127.0.0.1:abc").unwrap_err();
-        assert!(!e.contains("hunter2"), "{e}");
-        assert!(e.contains("redis://u:***@127.0.0.1:abc"), "{e}");
-        assert!(e.contains("the port \"abc\" is not a number"), "{e}");
-        assert!(check_parses("url", "redis://127.0.0.1:6379/0").is_ok());
-    }
-}
-
 /// The client's connection settings: the URL, with `password` (given apart from the
 /// URL, e.g. from an environment variable) taking the place of any password in it.
 pub(super) fn connection_info(url: &str, password: Option<&str>) -> Result<ConnectionInfo, String> {
@@ -91,5 +77,21 @@ pub(crate) fn read_env(field: &str, var: &str) -> Result<String, String> {
         Err(std::env::VarError::NotUnicode(_)) => Err(format!(
             "{field}: the environment variable {var:?} is not valid UTF-8"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_url_is_shown_with_its_password_masked_and_the_port_named() {
+        let Err(e) = check_parses("url", "redis://u:hunter2@127.0.0.1:abc") else {
+            panic!("refused");
+        };
+        assert!(!e.contains("hunter2"), "{e}");
+        assert!(e.contains("redis://u:***@127.0.0.1:abc"), "{e}");
+        assert!(e.contains("the port \"abc\" is not a number"), "{e}");
+        assert!(check_parses("url", "redis://127.0.0.1:6379/0").is_ok());
     }
 }
