@@ -79,6 +79,27 @@ fn long_polling_answers_every_update_in_order_and_confirms_offsets() {
     assert!(fake.conflicts().iter().all(|c| c.older == c.newer));
 }
 
+/// An update this crate cannot read (a field of the wrong type) is skipped and
+/// confirmed; it once failed its whole batch, and every later poll with it.
+#[test]
+fn an_unreadable_update_is_skipped_and_the_rest_answered() {
+    let fake = FakeTelegram::start();
+    fake.push_text(7, "before");
+    fake.push_update(serde_json::json!({"message": {"message_id": 1, "date": 0,
+        "chat": {"id": 7, "type": "private"}, "from": {"id": "not-a-number"}, "text": "x"}}));
+    fake.push_text(7, "after");
+    let bot = echo_bot(
+        "solo",
+        Telegram::long_polling(config(&fake.url())).expect("config"),
+        None,
+    );
+    assert!(fake.wait_sends(2, LONG), "{} sent", fake.sends().len());
+    assert!(fake.wait_all_confirmed(LONG), "confirmed {}", fake.confirmed());
+    bot.shutdown();
+    let texts: Vec<String> = fake.sends().into_iter().map(|s| s.text).collect();
+    assert_eq!(texts, ["before", "after"]);
+}
+
 #[test]
 fn only_the_leader_polls_and_a_clean_stop_hands_over_without_overlap() {
     let _serial = serial();

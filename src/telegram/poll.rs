@@ -10,6 +10,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 
+use serde::Deserialize;
+
 use super::api::{Update, to_message};
 use super::http::{CallError, Client};
 use super::retry::{Backoff, random};
@@ -195,7 +197,9 @@ impl Poller {
                 poll_body(*self.state.offset.lock(), timeout_s, 100, &self.config)
             };
             let started = Instant::now();
-            let got = self.client.call::<Vec<Update>>(
+            // Each update is read on its own: one this crate cannot read must not
+            // make the whole batch fail, and with it every later poll.
+            let got = self.client.call::<Vec<serde_json::Value>>(
                 "getUpdates",
                 &body,
                 self.config.poll_timeout + self.config.request_timeout,
@@ -235,11 +239,24 @@ impl Poller {
 
     /// Delivers `updates` in order; stops at the first one the intake refuses (it and
     /// those after it are fetched again, after a back-off). `false` when stopped.
-    fn deliver_all(&self, updates: Vec<Update>, backoff: &mut Backoff) -> bool {
-        for update in updates {
+    fn deliver_all(&self, updates: Vec<serde_json::Value>, backoff: &mut Backoff) -> bool {
+        for raw in updates {
             if self.stopped() {
                 return false;
             }
+            let update = match Update::deserialize(&raw) {
+                Ok(update) => update,
+                Err(e) => {
+                    // Skipped and confirmed (it would come back forever otherwise),
+                    // logged with its id so an operator can look it up.
+                    let id = raw.get("update_id").and_then(serde_json::Value::as_i64);
+                    log::warn!(target: "botmesh::telegram", "update {id:?} cannot be read ({e}); skipped");
+                    if let Some(id) = id {
+                        *self.state.offset.lock() = Some(id.saturating_add(1));
+                    }
+                    continue;
+                }
+            };
             let next = update.update_id.saturating_add(1);
             let Some(message) = to_message(&update) else {
                 log::debug!(target: "botmesh::telegram", "update {} has no chat to answer; skipped", update.update_id);
