@@ -94,7 +94,11 @@ fn an_unreadable_update_is_skipped_and_the_rest_answered() {
         None,
     );
     assert!(fake.wait_sends(2, LONG), "{} sent", fake.sends().len());
-    assert!(fake.wait_all_confirmed(LONG), "confirmed {}", fake.confirmed());
+    assert!(
+        fake.wait_all_confirmed(LONG),
+        "confirmed {}",
+        fake.confirmed()
+    );
     bot.shutdown();
     let texts: Vec<String> = fake.sends().into_iter().map(|s| s.text).collect();
     assert_eq!(texts, ["before", "after"]);

@@ -305,7 +305,14 @@ impl Shard {
                 }
                 _ => {}
             }
-            let expires = now + env.dedup_window;
+            // The claim outlives the message's wait and one lease more (see the Redis
+            // backend's enqueue): expired under a waiting message, a redelivery would
+            // run it a second time.
+            let expires = now
+                + env
+                    .dedup_window
+                    .max(req.wait.saturating_add(env.ttl))
+                    .min(FOREVER);
             self.seen.insert(
                 key.clone(),
                 Seen {

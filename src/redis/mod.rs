@@ -635,7 +635,14 @@ impl Coordinator for RedisCoordinator {
         let ticket = ticket_str(req.ticket);
         let claim = req.message_id.filter(|_| self.dedup_on());
         let mut inv = self.chat_invocation(&self.scripts.enqueue, &keys, claim, req.chat, &ticket);
-        inv.arg(u64::try_from(self.options.dedup_window.as_millis()).unwrap_or(u64::MAX));
+        // The claim outlives the message's wait (and one lease more), also under a
+        // dedup window shorter than that: a claim that expired while its message still
+        // waited would let a redelivery run the message a second time.
+        let claim_for = self
+            .options
+            .dedup_window
+            .max(req.wait.saturating_add(self.options.lease_ttl));
+        inv.arg(u64::try_from(claim_for.as_millis()).unwrap_or(u64::MAX));
         let reply: Vec<String> = self.with_conn(|con| inv.invoke(con))?;
         match reply.first().map(String::as_str) {
             Some("granted") => Ok(Enqueued::Granted(grant_from(&reply)?)),

@@ -135,12 +135,12 @@ type Ended = Result<Turn, NoTurn>;
 
 impl World {
     fn new() -> Self {
+        Self::with_dedup_window(Duration::from_secs(600))
+    }
+
+    fn with_dedup_window(window: Duration) -> Self {
         let clock = Clock::fake();
-        let inner = MemoryCoordinator::with_clock(
-            Duration::from_secs(10),
-            Duration::from_secs(600),
-            clock.clone(),
-        );
+        let inner = MemoryCoordinator::with_clock(Duration::from_secs(10), window, clock.clone());
         World {
             clock,
             backend: Arc::new(Hooked {
@@ -565,4 +565,30 @@ fn an_enqueue_answered_duplicate_after_its_own_grant_ends_once() {
     );
     turn(&rx).release().expect("r runs it");
     assert!(rx.try_recv().is_err(), "one end only");
+}
+
+/// A message's claim on its id must outlive its wait, also under a dedup window
+/// shorter than that: it expired while the message still waited, and a redelivery of
+/// it elsewhere took a new claim and ran it a second time (breaker finding).
+#[test]
+fn a_claim_outlives_its_messages_wait_under_a_short_dedup_window() {
+    let w = World::with_dedup_window(Duration::from_millis(500));
+    let h = w.replica("h");
+    let r = w.replica("r");
+    let q = w.replica("q");
+    let h_turn = turn(&take(&h, "chat", None));
+    let first = take(&r, "chat", Some("x"));
+    w.clock.advance(Duration::from_secs(1));
+    let (answer, redelivery) = offer(&q, "chat", Some("x"));
+    assert!(answer.is_ok());
+    h_turn.release().expect("h releases");
+    turn(&first)
+        .release_handled()
+        .expect("the first delivery runs");
+    // The redelivery waited for the first (in flight), and ends as a duplicate.
+    tick(&q);
+    match redelivery.try_recv() {
+        Ok(Err(NoTurn::Duplicate)) => {}
+        other => panic!("expected a duplicate, got {other:?}"),
+    }
 }
