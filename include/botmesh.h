@@ -16,8 +16,12 @@
  *  - Strings are NUL-terminated UTF-8. Strings passed to callbacks are valid until
  *    the callback returns.
  *  - No Rust panic crosses into C: it becomes BOTMESH_PANIC (or NULL).
- *  - The handler, send and outcome callbacks run on the bot's worker threads, possibly
- *    several at once: they and their user_data must be thread-safe. A C transport's
+ *  - The handler and send callbacks run on the bot's worker threads, possibly several
+ *    at once: they and their user_data must be thread-safe. The outcome callback runs
+ *    wherever a message ends: a worker, but also botmesh's lease-renewal, timer and
+ *    subscriber threads, and inside botmesh_bot_deliver itself (a duplicate): keep it
+ *    short and never take a lock in it that the caller of deliver may hold (a slow
+ *    outcome callback on the renewal thread delays every lease's renewal). A C transport's
  *    start and stop run on other threads (see botmesh_provider). No callback may
  *    throw C++ exceptions or longjmp across the library (the process aborts).
  */

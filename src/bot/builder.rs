@@ -173,6 +173,11 @@ impl BotBuilder {
     }
 
     /// The error hook: every dropped message and failed handler, once.
+    ///
+    /// Like [`on_outcome`](Self::on_outcome) it runs wherever a message ends: on a
+    /// worker, on botmesh's renewal, timer or subscriber thread, or inside
+    /// `Intake::deliver`. Keep hooks short (hand slow work to a channel): a hook that
+    /// blocks on the renewal thread delays every lease's renewal, and may lose them.
     pub fn on_error<F>(mut self, hook: F) -> Self
     where
         F: Fn(&Error) + Send + Sync + 'static,
@@ -181,7 +186,8 @@ impl BotBuilder {
         self
     }
 
-    /// The outcome hook: every accepted message, once, when it ends.
+    /// The outcome hook: every accepted message, once, when it ends. It runs on the
+    /// thread where the message ended (see [`on_error`](Self::on_error)): keep it short.
     pub fn on_outcome<F>(mut self, hook: F) -> Self
     where
         F: Fn(&Message, &Outcome) + Send + Sync + 'static,

@@ -80,6 +80,7 @@ use crate::coordinator::{
 mod inspect;
 mod keys;
 mod scripts;
+mod server;
 mod url;
 
 use keys::{ChatKeys, grant_from, parse_grant, ticket_str};
@@ -339,6 +340,7 @@ impl RedisCoordinator {
         };
         let mut con = me.open()?;
         me.load_scripts(&mut con).map_err(|e| me.describe(&e))?;
+        server::warn_on_eviction(&me.server, &mut con);
         me.pool.lock().push(con);
         Ok(me)
     }
