@@ -220,7 +220,8 @@ pub struct MeshView {
     pub replicas: Vec<ReplicaId>,
     /// Provider leaderships, by provider id.
     pub leaders: Vec<LeaderView>,
-    /// The limit was reached: there may be more chats than listed.
+    /// The limit was reached, or the backend stopped looking (Redis: after 100,000
+    /// keys per scan): there may be more chats, or leaders, than listed.
     pub truncated: bool,
 }
 

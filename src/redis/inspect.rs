@@ -153,8 +153,13 @@ fn read_chats(r: &impl Reads, stored: &[String]) -> Result<Vec<Read>, BackendErr
     Ok(out)
 }
 
-/// `SCAN … MATCH pattern COUNT n` until the end or until `found` holds `limit`
-/// names; returns whether it stopped early.
+/// The most `SCAN` calls one scan makes (with `SCAN_COUNT`, 100,000 keys looked at):
+/// on a big keyspace whose keys are mostly not ours, `--limit` alone would not bound
+/// the walk.
+const SCAN_CALLS: usize = 100;
+
+/// `SCAN … MATCH pattern COUNT n` until the end, until `found` holds `limit` names or
+/// after [`SCAN_CALLS`] calls; returns whether it stopped early.
 fn scan_chats(
     r: &impl Reads,
     pattern: &str,
@@ -164,7 +169,7 @@ fn scan_chats(
 ) -> Result<bool, BackendError> {
     let prefix = r.prefix();
     let mut cursor: u64 = 0;
-    loop {
+    for _ in 0..SCAN_CALLS {
         let (next, keys): (u64, Vec<String>) = typed(r.read(&mut |con| {
             redis::cmd("SCAN")
                 .arg(cursor)
@@ -187,6 +192,7 @@ fn scan_chats(
         }
         cursor = next;
     }
+    Ok(true)
 }
 
 pub(super) fn inspect_chat(r: &impl Reads, chat: &str) -> Result<ChatView, BackendError> {
@@ -210,7 +216,7 @@ pub(super) fn inspect(r: &impl Reads, limit: usize) -> Result<MeshView, BackendE
     )?;
     // Leaderships apart, so a truncated chat scan cannot hide them.
     let mut leaders = BTreeSet::new();
-    scan_chats(
+    let leaders_cut = scan_chats(
         r,
         &format!("{p}:{{\0provider:*}}:[hq]"),
         &[":h", ":q"],
@@ -224,7 +230,7 @@ pub(super) fn inspect(r: &impl Reads, limit: usize) -> Result<MeshView, BackendE
     chats.truncate(limit);
     let leaders: Vec<String> = leaders.into_iter().collect();
     let mut view = MeshView {
-        truncated,
+        truncated: truncated || leaders_cut,
         ..MeshView::default()
     };
     for (name, read) in chats.iter().zip(read_chats(r, &chats)?) {
