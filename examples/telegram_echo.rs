@@ -216,7 +216,10 @@ fn serve(conn: TcpStream, hook: &Webhook) {
 /// The secret header and the body of a POST, or `None` for anything else.
 fn read_request(conn: &TcpStream) -> Option<(Option<String>, Vec<u8>)> {
     const MAX_BODY: usize = 1 << 20;
-    let mut reader = BufReader::new(conn.try_clone().ok()?);
+    const MAX_HEAD: u64 = 16 * 1024;
+    // The request line and headers together, bounded before anything is checked: a
+    // caller without the secret must not make it buffer without end.
+    let mut reader = BufReader::new(conn.try_clone().ok()?.take(MAX_HEAD));
     let mut line = String::new();
     reader.read_line(&mut line).ok()?;
     if !line.starts_with("POST ") {
@@ -242,6 +245,8 @@ fn read_request(conn: &TcpStream) -> Option<(Option<String>, Vec<u8>)> {
     if length > MAX_BODY {
         return None;
     }
+    // The body may be longer than what is left of the head's bound.
+    reader.get_mut().set_limit(length as u64);
     let mut body = vec![0; length];
     reader.read_exact(&mut body).ok()?;
     Some((secret, body))
