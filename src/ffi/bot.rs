@@ -47,6 +47,10 @@ pub struct BotmeshBot {
     bot: Bot,
 }
 
+/// The longest replica id accepted from C (the header's "too long id"): ids name keys
+/// and channels at the backend, and a pod name fits many times over.
+const MAX_REPLICA_ID_BYTES: usize = 1024;
+
 /// A new builder for a bot (replica `id`, `workers` threads) that runs `handler` for
 /// each message and sends replies through `send` (or through the first C transport
 /// added); the three callbacks get `user_data`. With `config` NULL the bot runs
@@ -73,6 +77,21 @@ pub unsafe extern "C" fn botmesh_builder_new(
     guard(err, || {
         // SAFETY: per this function's contract.
         let id = unsafe { str_arg(id, "id") }?;
+        if id.is_empty() {
+            return Err((
+                BOTMESH_INVALID,
+                "id: empty; give each replica its own id".into(),
+            ));
+        }
+        if id.len() > MAX_REPLICA_ID_BYTES {
+            return Err((
+                BOTMESH_INVALID,
+                format!(
+                    "id: {} bytes, over the {MAX_REPLICA_ID_BYTES}-byte maximum",
+                    id.len()
+                ),
+            ));
+        }
         let Some(handler) = handler else {
             return Err((BOTMESH_INVALID, "handler: NULL".into()));
         };

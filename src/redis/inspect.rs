@@ -170,7 +170,9 @@ fn scan_chats(
     let prefix = r.prefix();
     let mut cursor: u64 = 0;
     for _ in 0..SCAN_CALLS {
-        let (next, keys): (u64, Vec<String>) = typed(r.read(&mut |con| {
+        // Raw bytes: a key under the prefix that is not UTF-8 (not botmesh's) is
+        // skipped rather than failing the whole view.
+        let (next, keys): (u64, Vec<Vec<u8>>) = typed(r.read(&mut |con| {
             redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
@@ -179,7 +181,7 @@ fn scan_chats(
                 .arg(SCAN_COUNT)
                 .query(con)
         })?)?;
-        for key in keys {
+        for key in keys.into_iter().filter_map(|k| String::from_utf8(k).ok()) {
             if let Some(name) = suffixes.iter().find_map(|s| chat_of(prefix, &key, s)) {
                 found.insert(name);
             }
