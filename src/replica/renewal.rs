@@ -267,23 +267,35 @@ impl Inner {
             // A ticket gone after our liveness in the chat may have lapsed (no call
             // refreshed it for a TTL: a partition, a pause, a backend down that long)
             // was most likely skipped, and its trace expired since: later messages
-            // may have run, so it is lost like a lapsed one, not queued again.
-            let refreshed = self.waiting.lock().alive_from(*seq);
-            let age = refreshed.map(|t| self.clock.now().saturating_duration_since(t));
-            let why = match (&state, age) {
-                (TicketState::Gone, Some(age)) => {
-                    format!("it is gone, its liveness unrefreshed for {age:?}")
-                }
-                (_, Some(age)) => format!("skipped, its liveness refreshed {age:?} ago"),
-                _ => String::new(),
-            };
+            // may have run, so it is lost like a lapsed one, not queued again. The
+            // table is read (one lock) only for these rare answers.
+            let mut why = String::new();
             let state = match state {
-                // A ticket whose enqueue has not answered yet may not have arrived:
-                // only a grant or a place found is news.
-                TicketState::Gone | TicketState::Lapsed if !self.waiting.lock().is_placed(*seq) => {
-                    continue;
+                TicketState::Gone | TicketState::Lapsed => {
+                    let (placed, refreshed) = {
+                        let table = self.waiting.lock();
+                        (table.is_placed(*seq), table.alive_from(*seq))
+                    };
+                    // A ticket whose enqueue has not answered yet may not have
+                    // arrived: only a grant or a place found is news.
+                    if !placed {
+                        continue;
+                    }
+                    let age = refreshed.map(|t| self.clock.now().saturating_duration_since(t));
+                    let gone = matches!(state, TicketState::Gone);
+                    if let Some(age) = age {
+                        why = if gone {
+                            format!("it is gone, its liveness unrefreshed for {age:?}")
+                        } else {
+                            format!("skipped, its liveness refreshed {age:?} ago")
+                        };
+                    }
+                    if gone && age.is_some_and(|a| a >= self.trusted) {
+                        TicketState::Lapsed
+                    } else {
+                        state
+                    }
                 }
-                TicketState::Gone if age.is_some_and(|a| a >= self.trusted) => TicketState::Lapsed,
                 other => other,
             };
             match state {
@@ -372,26 +384,11 @@ impl Inner {
     /// Asks again about one in-flight duplicate (see `retry_later_unless_ticking`),
     /// and schedules the next try while it stays in flight.
     pub(super) fn retry_in_flight_one(self: &Arc<Self>, seq: u64) {
-        let found = self
-            .waiting
-            .lock()
-            .in_flight()
-            .into_iter()
-            .find(|w| w.1 == seq);
-        let Some((chat, seq, id)) = found else {
+        let Some(waiter) = self.waiting.lock().in_flight_one(seq) else {
             return; // queued, granted or ended meanwhile
         };
-        let Some(wait) = self.waiting.lock().left(seq, self.clock.now()) else {
-            return;
-        };
-        let ticket = self.ticket(seq);
-        self.enqueue_again(&EnqueueRequest {
-            chat: &chat,
-            ticket: &ticket,
-            message_id: id.as_deref(),
-            wait,
-        });
-        if self.waiting.lock().in_flight().iter().any(|w| w.1 == seq) {
+        self.ask_again(waiter, self.clock.now());
+        if self.waiting.lock().in_flight_one(seq).is_some() {
             self.retry_later_unless_ticking(seq);
         }
     }
@@ -403,21 +400,27 @@ impl Inner {
         // One round trip each, on the renewal thread: a bounded number per tick, oldest
         // first, so that a flood of redeliveries never delays the renewals (the rest
         // wait for the next ticks, every TTL/6; each is still bounded by turn_wait).
-        for (chat, seq, id) in in_flight.into_iter().take(RETRIES_PER_TICK) {
+        for waiter in in_flight.into_iter().take(RETRIES_PER_TICK) {
             if Instant::now() >= budget {
                 break;
             }
-            let Some(wait) = self.waiting.lock().left(seq, now) else {
-                continue;
-            };
-            let ticket = self.ticket(seq);
-            self.enqueue_again(&EnqueueRequest {
-                chat: &chat,
-                ticket: &ticket,
-                message_id: id.as_deref(),
-                wait,
-            });
+            self.ask_again(waiter, now);
         }
+    }
+
+    /// Asks the backend again about an in-flight duplicate, with what is left of its
+    /// wait at `now` (nothing, if it ended meanwhile).
+    fn ask_again(self: &Arc<Self>, (chat, seq, id): PlacedWaiter, now: Instant) {
+        let Some(wait) = self.waiting.lock().left(seq, now) else {
+            return;
+        };
+        let ticket = self.ticket(seq);
+        self.enqueue_again(&EnqueueRequest {
+            chat: &chat,
+            ticket: &ticket,
+            message_id: id.as_deref(),
+            wait,
+        });
     }
 
     /// Ends a waiting ticket with `lost`: it lost its place in the queue.

@@ -122,6 +122,15 @@ impl<G> Waiters<G> {
         list
     }
 
+    /// The ticket as [`Waiters::in_flight`] lists it, if it still waits for a delivery
+    /// of its id elsewhere.
+    pub(crate) fn in_flight_one(&self, seq: u64) -> Option<PlacedWaiter> {
+        self.map
+            .get(&seq)
+            .filter(|w| w.in_flight)
+            .map(|w| (w.chat.clone(), seq, w.message_id.clone()))
+    }
+
     /// How much of a ticket's wait is left at `now`; `None` once it is gone.
     pub(crate) fn left(&self, seq: u64, now: Instant) -> Option<Duration> {
         self.map.get(&seq).map(|w| {
