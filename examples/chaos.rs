@@ -332,6 +332,18 @@ fn write_unexplained(log: &std::path::Path, verdict: &judge::Verdict) -> Result<
     std::fs::write(&path, text).map_err(|e| format!("--log: cannot write {}: {e}", path.display()))
 }
 
+/// One JSON value and a newline.
+fn json_line(
+    out: &mut impl Write,
+    value: &impl Serialize,
+    path: &std::path::Path,
+) -> Result<(), String> {
+    serde_json::to_writer(&mut *out, value)
+        .map_err(std::io::Error::from)
+        .and_then(|()| out.write_all(b"\n"))
+        .map_err(|e| format!("--log: cannot write {}: {e}", path.display()))
+}
+
 #[derive(Serialize)]
 struct StallLine {
     event: &'static str,
@@ -360,10 +372,7 @@ fn write_faults(
             length_ms: s.length.as_millis(),
             detail: &s.detail,
         };
-        serde_json::to_writer(&mut out, &line)
-            .map_err(std::io::Error::from)
-            .and_then(|()| out.write_all(b"\n"))
-            .map_err(|e| format!("--log: cannot write {}: {e}", path.display()))?;
+        json_line(&mut out, &line, &path)?;
     }
     for s in stalls {
         let line = StallLine {
@@ -371,10 +380,7 @@ fn write_faults(
             start_us: s.start_us,
             end_us: s.end_us,
         };
-        serde_json::to_writer(&mut out, &line)
-            .map_err(std::io::Error::from)
-            .and_then(|()| out.write_all(b"\n"))
-            .map_err(|e| format!("--log: cannot write {}: {e}", path.display()))?;
+        json_line(&mut out, &line, &path)?;
     }
     out.flush()
         .map_err(|e| format!("--log: cannot write {}: {e}", path.display()))
