@@ -121,6 +121,8 @@ mod parts;
 mod procs;
 #[path = "replay/protocol.rs"]
 mod protocol;
+#[path = "replay/redis_stats.rs"]
+mod redis_stats;
 #[path = "replay/report.rs"]
 mod report;
 
@@ -159,9 +161,23 @@ fn main() -> ExitCode {
         return child::run(&options, name);
     }
     let redis = RedisSettings::of(&options);
+    let before = match redis.as_ref().filter(|_| options.redis_stats) {
+        Some(settings) => match redis_stats::take(&settings.url) {
+            Ok(snapshot) => Some(snapshot),
+            Err(e) => {
+                eprintln!("replay: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
     let result = match &redis {
         Some(settings) if options.processes => parent::replay(&options, settings),
         _ => replay(&options, redis.as_ref()),
+    };
+    let result = match (result, before, &redis) {
+        (Ok(summary), Some(before), Some(settings)) => with_cost(summary, &before, settings),
+        (result, _, _) => result,
     };
     match result {
         Ok(summary) => {
@@ -195,6 +211,22 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Adds what the run cost the Redis server (`--redis-stats`), read now that every
+/// replica has stopped.
+fn with_cost(
+    mut summary: Summary,
+    before: &redis_stats::Snapshot,
+    settings: &RedisSettings,
+) -> Result<Summary, String> {
+    let after = redis_stats::take(&settings.url)?;
+    let cost = redis_stats::cost(before, &after, summary.handled);
+    let json = serde_json::to_value(&cost).map_err(|e| format!("--redis-stats: {e}"))?;
+    if let Some(r) = summary.redis.as_mut() {
+        r.cost = Some((cost.human(), json));
+    }
+    Ok(summary)
 }
 
 /// The payload each message carries to the handler and the outcome hook: its index in

@@ -38,6 +38,9 @@ options:
   --max-backlog N          with --processes: the platform holds a chat's next update while N
                            of its updates were accepted and have not ended, as Telegram holds
                            updates for a slow bot [default: no limit]
+  --redis-stats            with --backend redis: read INFO and DBSIZE before and after the run
+                           and report Redis commands, µs and round trips per message and the
+                           memory left behind (the server should run nothing else meanwhile)
   --log PATH               write one JSON line per update as it ends
   --json                   end stdout with one JSON record (the shared benchmark record format)
   -h, --help               print this help
@@ -103,6 +106,8 @@ pub struct Options {
     /// line to before each handler returns, so that a handled update is on record even
     /// when the process is killed before it could report it.
     pub part: Option<PathBuf>,
+    /// Whether to read the Redis server's counters before and after the run.
+    pub redis_stats: bool,
     /// Where to write the per-update log, if anywhere.
     pub log: Option<PathBuf>,
     /// Whether to end stdout with the JSON record.
@@ -133,6 +138,7 @@ impl Options {
             max_backlog: None,
             child_replica: None,
             part: None,
+            redis_stats: false,
             log: None,
             json: false,
         }
@@ -276,6 +282,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String
             Long("part") => o.part = Some(PathBuf::from(value(&mut parser, "--part")?)),
             Long("log") => o.log = Some(PathBuf::from(value(&mut parser, "--log")?)),
             Long("json") => o.json = true,
+            Long("redis-stats") => o.redis_stats = true,
             Short('h') | Long("help") => return Ok(Command::Help),
             _ => return Err(arg.unexpected().to_string()),
         }
@@ -301,6 +308,7 @@ fn check_combination(o: &Options) -> Result<(), String> {
         ("--processes", o.processes),
         ("--child-replica", o.child_replica.is_some()),
         ("--part", o.part.is_some()),
+        ("--redis-stats", o.redis_stats),
     ];
     if let Some((flag, _)) = redis_only.iter().find(|(_, set)| *set && !redis) {
         return Err(format!(
