@@ -285,7 +285,10 @@ fn no_inspection(backend: &str) -> BackendError {
 ///    handled for that chat within the dedup window is answered `Duplicate` instead;
 ///    one claimed by a ticket still alive and unhandled is answered `InFlight`; one
 ///    whose ticket ended without being handled (its replica died or it timed out) is
-///    taken over by the new ticket. Enqueue is idempotent per ticket: a ticket that is
+///    taken over by the new ticket. A backend may bound what it keeps per chat (the
+///    Redis backend keeps a chat's newest handled ids, plus a floor for numeric ids
+///    that rise): `Duplicate` always means handled, never a guess, except that an
+///    unknown numeric id under a rising chat's floor counts as an old one. Enqueue is idempotent per ticket: a ticket that is
 ///    already queued or holding gets its place or its grant back, nothing is added (a
 ///    re-queue after a lost reply, or after the re-check took a ticket for lost, must
 ///    not queue it twice).

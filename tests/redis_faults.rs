@@ -271,13 +271,12 @@ fn lost_reply_is_retried_idempotently() {
         panic!("expected a grant");
     };
     let mut con = server.connection();
-    let holder: Vec<u8> = redis::cmd("GET")
-        .arg("botmesh:{chat}:h")
+    // The holder's token is field `k` of the chat's state hash.
+    let token: String = redis::cmd("HGET")
+        .arg("botmesh:{chat}:s")
+        .arg("k")
         .query(&mut con)
-        .expect("GET");
-    // The holder record is `ticket NUL token NUL …`.
-    let fields: Vec<&[u8]> = holder.split(|b| *b == 0).collect();
-    let token = String::from_utf8_lossy(fields[1]).into_owned();
+        .expect("HGET");
     assert_eq!(token, g1.token.to_string(), "one grant, one token");
     // A queued ticket whose reply is lost: queued once.
     let t2 = Ticket {
@@ -294,10 +293,11 @@ fn lost_reply_is_retried_idempotently() {
         1,
         "the ticket is queued once"
     );
-    let claim: String = redis::cmd("GET")
-        .arg("botmesh:{chat}:m:m2")
+    let claim: String = redis::cmd("HGET")
+        .arg("botmesh:{chat}:s")
+        .arg("mm2")
         .query(&mut con)
-        .expect("GET");
+        .expect("HGET");
     assert_eq!(
         claim, "2:r",
         "the message id is claimed once, by the ticket"
@@ -482,6 +482,19 @@ fn pttl(server: &RedisServer, key: &str) -> i64 {
         .expect("PTTL")
 }
 
+/// The lease left on a chat's holder: field `u` (µs, server clock) of its state hash
+/// less the server's time, in ms.
+fn lease_left_ms(server: &RedisServer, key: &str) -> i64 {
+    let mut con = server.connection();
+    let until: i64 = redis::cmd("HGET")
+        .arg(key)
+        .arg("u")
+        .query(&mut con)
+        .expect("HGET");
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query(&mut con).expect("TIME");
+    (until - (secs * 1_000_000 + micros)) / 1000
+}
+
 /// Replicas with different lease TTLs (a rolling deploy) share one chat. A short-TTL
 /// replica's calls must not cut the queue's expiry below what a long-TTL waiter
 /// needs (its queue would vanish and a later arrival would be served first), and a
@@ -543,7 +556,7 @@ fn mixed_ttls_keep_the_queue_and_the_grantees_lease() {
     ));
     let (_, ga) = rx.recv_timeout(RECV).expect("a's grant is pushed");
     assert_eq!(ga.ticket, ta);
-    let left = pttl(&server, "botmesh:{x}:h");
+    let left = lease_left_ms(&server, "botmesh:{x}:s");
     assert!(
         left > 20_000,
         "a (TTL 30 s) was granted by h (TTL 3 s) a lease of only {left} ms"

@@ -2,32 +2,31 @@
 //!
 //! # Protocol
 //!
-//! Each chat has up to five keys, all with the hash tag `{<chat>}` so that every script
+//! Each chat has two keys, both with the hash tag `{<chat>}` so that every script
 //! touches one Redis Cluster slot (`%`, `{` and `}` in chat ids are percent-encoded, so
 //! any UTF-8 id is safe and no two ids share keys). With prefix `P`:
 //!
 //! | key | type | holds | expiry |
 //! | --- | --- | --- | --- |
-//! | `P:{c}:h` | string | the holder: ticket, token, previous replica and token, NUL-separated | the lease TTL |
+//! | `P:{c}:s` | hash | the chat's state, every field short (so Redis keeps it compact): `t`, `k`, `u` the holder's ticket, token and lease end (µs, server clock; `0` once released, when `t` and `k` name the last holder), `pr`, `pk` the previous holder, `n` the queue's length, `a<replica>` that replica's alive-until here (µs, refreshed every renewal), `m<id>` message `<id>`'s claim or handled mark, `c`, `f`, `hi` the dedup bookkeeping, `e` the key's own expiry | 1 to 1.5 × the larger of the history (1 h) and the dedup window after the last grant, or past a longer lease |
 //! | `P:{c}:q` | list | tickets in arrival order (FIFO) | 3 × TTL, extended by waiters, never shortened (a short-TTL replica must not cut a long-TTL waiter's queue) |
-//! | `P:{c}:w` | hash | replica → alive-until (µs, server clock) of its tickets here, refreshed every renewal | 3 × TTL, extended, never shortened |
-//! | `P:{c}:l` | string | the last grant's token and replica, NUL-separated | 1 h |
-//! | `P:{c}:m:<id>` | string | the ticket that claimed message `<id>`, or `!` once handled | the dedup window |
 //!
 //! A ticket is `<seq>:<replica>`. Five Lua scripts, loaded once and called by SHA
-//! (reloaded on `NOSCRIPT`, also inside pipelines), do all changes atomically:
+//! (reloaded on `NOSCRIPT`, also inside pipelines), do all changes atomically; each
+//! reads the state with one `HMGET` and writes it with one `HSET`:
 //!
 //! - `enqueue` (one round trip): duplicate check and claim (`duplicate` once handled,
 //!   `inflight` while a live ticket holds the claim unhandled); a free chat with an empty
-//!   queue is granted at once (about eight `redis.call`s), otherwise the ticket is
+//!   queue is granted at once (`TIME`, `HMGET`, `HSET`), otherwise the ticket is
 //!   queued with `RPUSH`. Idempotent per ticket, so a retry after a lost
 //!   reply neither queues a ticket twice nor hands out a second token.
-//! - `release` (one round trip): if the holder is still this ticket and token, delete
-//!   it and hand the chat to the first live ticket in the queue; otherwise answer
-//!   `lost`. The grant is published to the new holder's replica on
-//!   `P:{wake}:<replica>` (unless it is the caller's own, which gets it in the reply).
+//! - `release` (one round trip): if the holder is still this ticket and token and its
+//!   lease runs, mark the chat free and hand it to the first live ticket in the queue
+//!   (the list is only touched when `n` says it holds any); otherwise answer `lost`.
+//!   The grant is published to the new holder's replica on `P:{wake}:<replica>`
+//!   (unless it is the caller's own, which gets it in the reply).
 //! - `renew` and `check`: the renewal tick sends one pipeline (one round trip) with a
-//!   `renew` per held lease (`PEXPIRE` if still ours) and a `check` per chat the
+//!   `renew` per held lease (moves `u` on if still ours) and a `check` per chat the
 //!   replica waits on, for its earliest ticket there (refresh the liveness of all its
 //!   tickets in the chat, replace an expired holder, report granted / waiting /
 //!   lapsed (skipped because the replica's liveness lapsed: reported `lost`, never
@@ -35,11 +34,27 @@
 //!   data, re-queued)).
 //!   A backlog of queued messages therefore adds nothing to a tick.
 //! - `cancel`: take a ticket whose wait ran out out of the queue (or report that it was
-//!   granted meanwhile) and give up its message claim.
+//!   granted meanwhile) and give up its message claim (marked `-`, so a redelivery of
+//!   the message runs).
+//!
+//! **Duplicate suppression, bounded per chat.** A claim `m<id>` is the claimant ticket
+//! while the message is in flight (exact, never evicted), `!` and the handling grant's
+//! token once handled (so a retried release after a lost reply is recognised). A chat
+//! keeps its newest 16 to 32 handled marks; older ones are evicted in batches, oldest
+//! token first. For numeric ids (no leading zero, up to 15 digits) the chat also keeps
+//! a floor, the highest id evicted: an unknown id at or under it is answered
+//! `duplicate`, which is right where ids rise per chat (Telegram's `message_id` does,
+//! and a platform sends a chat's next update only once the previous one was taken
+//! in). A fresh id under the highest one claimed so far shows that the chat's ids do
+//! not rise: its floor is turned off for good, and then an id older than the newest 16
+//! to 32 handled may run again (string ids likewise). So duplicate state no longer
+//! grows with messages: an idle chat leaves one hash of about 40 short fields (0.6 KB)
+//! for 1 to 1.5 h after its last grant (with the default window; the larger of the
+//! window and the history otherwise), and nothing else once its queue is empty.
 //!
 //! Fencing tokens are `max(last + 1, server time in µs)`. Tokens never run ahead of the
 //! clock (a grant takes far more than a microsecond), so they keep increasing after
-//! `P:{c}:l` expired, after Redis lost its data, and after Redis came back from an
+//! `P:{c}:s` expired, after Redis lost its data, and after Redis came back from an
 //! older snapshot or a lagging replica, as long as the Redis server's clock does not
 //! step back (a failover to a
 //! server whose clock is behind by more than the chat's idle time could break that;
@@ -54,9 +69,13 @@
 //! connection, Redis restart) is covered by the `check` in the next renewal tick.
 //! Connections are pooled and reused; a call that fails on a broken connection is
 //! retried once on a fresh one. All scripts are safe to repeat: a repeated `release`
-//! of a handled message recognises its own first run by the claim (`!` and the
-//! ticket); one without a message id may still answer `lost` for a release that had
-//! in fact succeeded.
+//! of a handled message recognises its own first run by the mark (`!` and the
+//! grant's token); one without a message id may still answer `lost` for a release
+//! that had in fact succeeded.
+//!
+//! The layout changed in issue 11 (it was five keys per chat and one key per handled
+//! message): replicas of the old and the new layout must not share a key prefix (stop
+//! the old ones first, or give the new ones another prefix).
 //!
 //! Round trips per message: 2 when the chat is free (enqueue, release), plus the pub/sub
 //! push when it has to wait. Renewal: 1 per tick per replica, whatever it holds.
@@ -435,24 +454,27 @@ impl RedisCoordinator {
         &self,
         script: &'a Script,
         keys: &ChatKeys,
-        claim: Option<&str>,
+        message_id: Option<&str>,
         chat: &str,
         ticket: &str,
     ) -> redis::ScriptInvocation<'a> {
         let mut inv = script.prepare_invoke();
-        inv.key(keys.key("h"))
-            .key(keys.key("q"))
-            .key(keys.key("w"))
-            .key(keys.key("l"));
-        if let Some(id) = claim {
-            inv.key(keys.claim(id));
-        }
+        inv.key(keys.key("s")).key(keys.key("q"));
         inv.arg(chat)
             .arg(ticket)
             .arg(self.ttl_ms)
             .arg(HISTORY.as_millis() as u64)
-            .arg(self.wake_prefix());
+            .arg(self.wake_prefix())
+            .arg(self.keep_ms())
+            .arg(message_id.filter(|_| self.dedup_on()).unwrap_or(""));
         inv
+    }
+
+    /// How long a chat's state outlives its last grant, ms: the history and the dedup
+    /// window both fit.
+    fn keep_ms(&self) -> u64 {
+        let keep = HISTORY.max(self.options.dedup_window);
+        u64::try_from(keep.as_millis()).unwrap_or(u64::MAX)
     }
 
     fn wake_prefix(&self) -> String {
@@ -633,9 +655,13 @@ impl Coordinator for RedisCoordinator {
     fn enqueue(&self, req: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError> {
         let keys = ChatKeys::new(&self.options.key_prefix, req.chat);
         let ticket = ticket_str(req.ticket);
-        let claim = req.message_id.filter(|_| self.dedup_on());
-        let mut inv = self.chat_invocation(&self.scripts.enqueue, &keys, claim, req.chat, &ticket);
-        inv.arg(u64::try_from(self.options.dedup_window.as_millis()).unwrap_or(u64::MAX));
+        let inv = self.chat_invocation(
+            &self.scripts.enqueue,
+            &keys,
+            req.message_id,
+            req.chat,
+            &ticket,
+        );
         let reply: Vec<String> = self.with_conn(|con| inv.invoke(con))?;
         match reply.first().map(String::as_str) {
             Some("granted") => Ok(Enqueued::Granted(grant_from(&reply)?)),
@@ -654,7 +680,7 @@ impl Coordinator for RedisCoordinator {
     ) -> Result<bool, BackendError> {
         let keys = ChatKeys::new(&self.options.key_prefix, chat);
         let mut inv = self.scripts.write_checkpoint.prepare_invoke();
-        inv.key(keys.key("h"))
+        inv.key(keys.key("s"))
             .key(keys.key("c"))
             .arg(token)
             .arg(u64::try_from(CHECKPOINT_TTL.as_millis()).unwrap_or(u64::MAX));
@@ -685,8 +711,7 @@ impl Coordinator for RedisCoordinator {
     fn cancel(&self, w: &Waiting<'_>) -> Result<Option<Grant>, BackendError> {
         let keys = ChatKeys::new(&self.options.key_prefix, w.chat);
         let ticket = ticket_str(w.ticket);
-        let claim = w.message_id.filter(|_| self.dedup_on());
-        let inv = self.chat_invocation(&self.scripts.cancel, &keys, claim, w.chat, &ticket);
+        let inv = self.chat_invocation(&self.scripts.cancel, &keys, w.message_id, w.chat, &ticket);
         let reply: Vec<String> = self.with_conn(|con| inv.invoke(con))?;
         match reply.first().map(String::as_str) {
             Some("granted") => Ok(Some(grant_from(&reply)?)),
@@ -702,9 +727,8 @@ impl Coordinator for RedisCoordinator {
     ) -> Result<Released, BackendError> {
         let keys = ChatKeys::new(&self.options.key_prefix, lease.chat);
         let ticket = ticket_str(lease.ticket);
-        let claim = handled.filter(|_| self.dedup_on());
         let mut inv =
-            self.chat_invocation(&self.scripts.release, &keys, claim, lease.chat, &ticket);
+            self.chat_invocation(&self.scripts.release, &keys, handled, lease.chat, &ticket);
         inv.arg(lease.token.to_string())
             .arg(lease.ticket.replica.as_ref());
         let reply: Vec<String> = self.with_conn(|con| inv.invoke(con))?;
@@ -743,26 +767,27 @@ impl Coordinator for RedisCoordinator {
             pipe.cmd("EVALSHA")
                 .arg(&renew_sha)
                 .arg(1)
-                .arg(keys.key("h"))
+                .arg(keys.key("s"))
                 .arg(ticket_str(lease.ticket))
                 .arg(lease.token.to_string())
-                .arg(self.ttl_ms);
+                .arg(self.ttl_ms)
+                .arg(self.keep_ms());
         }
         let wake = self.wake_prefix();
         for w in waiting {
             let keys = ChatKeys::new(&self.options.key_prefix, w.chat);
             pipe.cmd("EVALSHA")
                 .arg(&check_sha)
-                .arg(4)
-                .arg(keys.key("h"))
+                .arg(2)
+                .arg(keys.key("s"))
                 .arg(keys.key("q"))
-                .arg(keys.key("w"))
-                .arg(keys.key("l"))
                 .arg(w.chat)
                 .arg(ticket_str(w.ticket))
                 .arg(self.ttl_ms)
                 .arg(HISTORY.as_millis() as u64)
-                .arg(&wake);
+                .arg(&wake)
+                .arg(self.keep_ms())
+                .arg("");
         }
         let replies: Vec<Value> = self.with_conn(|con| pipe.query(con))?;
         if replies.len() != held.len() + waiting.len() {

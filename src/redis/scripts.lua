@@ -1,101 +1,94 @@
--- Shared prelude of botmesh's Redis scripts (prepended to each script in redis.rs).
--- Keys of one chat share the hash tag {<chat>} so that a script touches one slot:
---   h  holder:  STRING t NUL k NUL pr NUL pk (ticket, token, previous replica and
---               token); PX = the lease
---   q  queue:   LIST of tickets in arrival order
---   w  waiting: HASH replica -> alive-until (server time, us) of that replica's tickets
---               in this chat, refreshed by its renewals (one field per replica, so a
---               deep queue costs the renewal tick nothing more)
---   l  last:    STRING k NUL r (last token and replica); PX = history
---   m  claim:   STRING the message id's claimant ticket, or "!" and the ticket that
---               handled it (so a retried release after a lost reply is recognised)
--- A ticket is "<seq>:<replica>". Times are Redis TIME in microseconds. Every
--- redis.call costs about a microsecond, so the uncontended paths make few.
+-- Shared prelude of botmesh's per-chat Redis scripts (prepended to each in scripts.rs).
+-- A chat has two keys, both with the hash tag {<chat>} so that a script touches one
+-- slot:
+--   s  state: HASH, every field short (so Redis keeps it as a compact listpack):
+--        t, k, u   the holder's (or, once free, the last holder's) ticket and token, and
+--                  until when its lease runs (server time, us; "0" once released)
+--        pr, pk    the previous holder's replica and token, for the current grant
+--        n         how many tickets q holds (so the fast paths skip the list)
+--        e         until when the key's own expiry is set (us)
+--        a<r>      alive-until (us) of replica r's tickets in this chat, refreshed by
+--                  its renewals (one field per replica: a deep queue costs a tick nothing)
+--        m<id>     message id <id>: the claimant ticket while in flight, "!" and the
+--                  handling grant's token once handled (a retried release after a lost
+--                  reply is recognised by it), "-" once its ticket gave up
+--        c         how many "!" marks the hash holds; f, hi: see the dedup notes below
+--   q  queue: LIST of tickets in arrival order; PX 3 x TTL, extended by waiters
+-- A ticket is "<seq>:<replica>". Times are Redis TIME in microseconds. The state is
+-- read with one HMGET and written with one HSET per call: every redis.call costs about
+-- a microsecond, so the fast paths make four (TIME, HMGET, HSET, and the script call).
+--
+-- Dedup: the newest CAP_LOW..CAP_HIGH handled marks of a chat are kept, the older ones
+-- evicted in batches (oldest token first). For numeric ids (no leading zero, at most 15
+-- digits) the chat keeps a floor f, the highest evicted id: an unknown numeric id at or
+-- under it is answered duplicate, as ids rise per chat on Telegram. "hi" is the highest
+-- numeric id claimed; an unknown id under it shows the chat's ids do not rise, and turns
+-- the floor off for good (f = "x"), after which older ids are simply forgotten.
 local SEP = '\0'
-local function split(s)
-  local out, i = {}, 1
-  while true do
-    local j = string.find(s, SEP, i, true)
-    if not j then
-      out[#out + 1] = string.sub(s, i)
-      return out
-    end
-    out[#out + 1] = string.sub(s, i, j - 1)
-    i = j + 1
-  end
-end
+local CAP_LOW, CAP_HIGH = 16, 32
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local function num(x) return string.format('%.0f', x) end
+-- Integers as decimal strings; '%d' is exact up to 2^63 and several times cheaper than
+-- '%.0f' (about 1 us per call here) or tostring (which rounds past 14 digits).
+local function num(x) return string.format('%d', x) end
 local function replica_of(t)
   local i = string.find(t, ':', 1, true)
   return string.sub(t, i + 1)
 end
--- The holder as {t, k, pr, pk}, or nil.
-local function holder(h)
-  local v = redis.call('GET', h)
-  if not v then return nil end
-  return split(v)
-end
--- Records a grant of the chat to ticket t with a lease of `lease` ms; publishes it
--- to t's replica unless keep(t, replica). Returns {t, k, pr, pk, replica}.
--- The token is max(last + 1, server time in us). Tokens never run ahead of the clock
--- (a grant takes far more than a microsecond), so the time alone exceeds every earlier
--- token when the chat's history expired, was lost in a restart, or is stale because
--- Redis came back from an older snapshot or a lagging replica.
-local function grant(h, l, chat, t, now, lease, hist, wake, keep)
-  local pr, pk = '', ''
-  local token = now or now_us()
-  local last = redis.call('GET', l)
-  if last then
-    local p = split(last)
-    pk, pr = p[1], p[2] or ''
-    local n = tonumber(pk)
-    if n and n + 1 > token then token = n + 1 end
-  end
-  local r = replica_of(t)
-  local k = num(token)
-  redis.call('SET', h, t .. SEP .. k .. SEP .. pr .. SEP .. pk, 'PX', lease)
-  redis.call('SET', l, k .. SEP .. r, 'PX', hist)
-  if not keep(t, r) then
-    redis.call('PUBLISH', wake .. r, cjson.encode({c = chat, t = t, k = k, pr = pr, pk = pk}))
-  end
-  return {t, k, pr, pk, r}
-end
--- Hands a free chat (the caller checked h is absent) to the first live ticket in the
--- queue, skipping lapsed ones. Returns the grant or nil.
-local function settle(h, q, w, l, chat, ttl, hist, wake, keep)
-  local now = nil
-  while true do
-    local t = redis.call('LPOP', q)
-    if not t then return nil end
-    local alive = tonumber(redis.call('HGET', w, replica_of(t)))
-    now = now or now_us()
-    if alive and alive > now then
-      -- The grantee's own liveness bounds its lease, not the caller's TTL: replicas
-      -- may run different TTLs (a rolling deploy), and alive-until was set from the
-      -- grantee's TTL at its last renewal, so the lease never outlives a crashed
-      -- grantee by more than its own TTL, nor lapses before it can renew. A grant the
-      -- caller answers with (keep) is the caller's own, and the caller is alive: it
-      -- gets a full TTL from now, which the caller counts from its call's send time.
-      local r = replica_of(t)
-      local lease = ttl
-      if not keep(t, r) then lease = math.floor((alive - now) / 1000) end
-      if lease < 1 then lease = 1 end
-      return grant(h, l, chat, t, now, lease, hist, wake, keep)
-    end
-  end
-end
--- The holder of the chat, after handing a free chat on; a grant to ticket t itself is
--- not published (the caller answers with it).
-local function holder_or_settle(h, q, w, l, chat, t, ttl, hist, wake)
-  local hv = holder(h)
-  if hv then return hv end
-  local g = settle(h, q, w, l, chat, ttl, hist, wake, function(x) return x == t end)
-  if g then return {g[1], g[2], g[3], g[4]} end
+local function numeric(id)
+  if #id <= 15 and string.find(id, '^[1-9]%d*$') then return tonumber(id) end
   return nil
+end
+-- The call's view of the chat: C.v holds the fields read (false when absent) and
+-- every field written since; C.w the writes not sent yet.
+local C = {w = {}}
+-- Reads the fields every call needs (holder ticket, token and lease end, queue length,
+-- expiry mark) and `extra`; each field read costs about a quarter of a microsecond.
+local function load(s, q, extra)
+  C.s, C.q, C.now, C.w = s, q, now_us(), {}
+  local vals = redis.call('HMGET', s, 't', 'k', 'u', 'n', 'e', unpack(extra))
+  C.v = {t = vals[1], k = vals[2], u = vals[3], n = vals[4], e = vals[5]}
+  for i, name in ipairs(extra) do C.v[name] = vals[5 + i] end
+end
+local function put(f, x)
+  if C.v[f] ~= x then
+    C.w[f] = x
+    C.v[f] = x
+  end
+end
+local function flush()
+  local args = {}
+  for f, x in pairs(C.w) do
+    args[#args + 1] = f
+    args[#args + 1] = x
+  end
+  C.w = {}
+  if #args == 0 then return end
+  redis.call('HSET', C.s, unpack(args))
+  if not C.v.e then
+    -- A hash this call did not find (or found without an expiry mark) gets one, so
+    -- no path leaves state behind for good.
+    local ms = math.floor(tonumber(ARGV[6]) * 3 / 2)
+    C.v.e = num(C.now + ms * 1000)
+    redis.call('HSET', C.s, 'e', C.v.e)
+    redis.call('PEXPIRE', C.s, ms)
+  end
+end
+local function queued() return tonumber(C.v.n) or 0 end
+-- Whether a live lease holds the chat.
+local function held()
+  return C.v.t and C.v.t ~= '' and (tonumber(C.v.u) or 0) >= C.now
+end
+-- The current holder as a reply {tag, t, k, pr, pk} (its previous holder read now if
+-- this call has not read or written it).
+local function holder_reply(tag)
+  if C.v.pr == nil then
+    local p = redis.call('HMGET', C.s, 'pr', 'pk')
+    C.v.pr, C.v.pk = p[1], p[2]
+  end
+  return {tag, C.v.t, C.v.k, C.v.pr or '', C.v.pk or ''}
 end
 -- Extends a key's expiry to at least ms, never shortening it: a replica with a short
 -- TTL must not cut the queue of a waiter with a long one. (A key without expiry, just
@@ -105,8 +98,108 @@ local function extend(k, ms)
     redis.call('PEXPIRE', k, ms)
   end
 end
-local function touch(q, w, ttl)
-  extend(q, 3 * ttl)
-  extend(w, 3 * ttl)
+-- Keeps the state key at least `keep` ms past `upto` (us): the history, the dedup
+-- window and any live lease all fit. Set to half as much again, so this is one PEXPIRE
+-- per chat and hour or so, not one per message.
+local function keep_until(upto, keep)
+  local e = tonumber(C.v.e)
+  if e and e >= upto + keep * 1000 then return end
+  local ms = math.floor((upto - C.now) / 1000) + math.floor(keep * 3 / 2)
+  -- The key must exist for PEXPIRE to stick: a new chat's first writes go first.
+  put('e', num(C.now + ms * 1000))
+  flush()
+  redis.call('PEXPIRE', C.s, ms)
+end
+-- Records a grant of the chat to ticket t with a lease of `lease` ms; publishes it
+-- to t's replica unless keep(t, replica). Returns {t, k, pr, pk, replica}.
+-- The token is max(last + 1, server time in us). Tokens never run ahead of the clock
+-- (a grant takes far more than a microsecond), so the time alone exceeds every earlier
+-- token when the chat's state expired, was lost in a restart, or is stale because
+-- Redis came back from an older snapshot or a lagging replica.
+-- The previous holder is the last one (t, k stay after a release) while its grant is
+-- at most `hist` ms old (a token is its grant's time, or just above).
+local function grant(chat, t, lease, hist, keep_ms, wake, keep)
+  local token = C.now
+  local lk = tonumber(C.v.k)
+  if lk and lk + 1 > token then token = lk + 1 end
+  local pr, pk = '', ''
+  if C.v.t and C.v.t ~= '' and lk and C.now - lk <= hist * 1000 then
+    pr, pk = replica_of(C.v.t), C.v.k
+  end
+  local k = num(token)
+  local until_us = C.now + lease * 1000
+  put('t', t)
+  put('k', k)
+  put('u', num(until_us))
+  put('pr', pr)
+  put('pk', pk)
+  keep_until(until_us, keep_ms)
+  local r = replica_of(t)
+  if not keep(t, r) then
+    redis.call('PUBLISH', wake .. r, cjson.encode({c = chat, t = t, k = k, pr = pr, pk = pk}))
+  end
+  return {t, k, pr, pk, r}
+end
+-- Hands a free chat (the caller checked that no live lease holds it) to the first live
+-- ticket in the queue, skipping lapsed ones. Returns the grant or nil.
+local function settle(chat, ttl, hist, keep_ms, wake, keep)
+  local n = queued()
+  while true do
+    local t = redis.call('LPOP', C.q)
+    if not t then
+      put('n', '0')
+      return nil
+    end
+    n = n - 1
+    if n < 0 then n = 0 end
+    put('n', num(n))
+    local alive = tonumber(C.v['a' .. replica_of(t)] or redis.call('HGET', C.s, 'a' .. replica_of(t)))
+    if alive and alive > C.now then
+      -- The grantee's own liveness bounds its lease, not the caller's TTL: replicas
+      -- may run different TTLs (a rolling deploy), and alive-until was set from the
+      -- grantee's TTL at its last renewal, so the lease never outlives a crashed
+      -- grantee by more than its own TTL, nor lapses before it can renew. A grant the
+      -- caller answers with (keep) is the caller's own, and the caller is alive: it
+      -- gets a full TTL from now, which the caller counts from its call's send time.
+      local r = replica_of(t)
+      local lease = ttl
+      if not keep(t, r) then lease = math.floor((alive - C.now) / 1000) end
+      if lease < 1 then lease = 1 end
+      return grant(chat, t, lease, hist, keep_ms, wake, keep)
+    end
+  end
+end
+-- Evicts the oldest handled marks once there are CAP_HIGH, down to CAP_LOW, raising
+-- the floor of a chat whose numeric ids rise. Called after flush(), with the hash
+-- up to date.
+local function evict()
+  local all = redis.call('HGETALL', C.s)
+  local marks, floor = {}, nil
+  for i = 1, #all, 2 do
+    local f, x = all[i], all[i + 1]
+    if f == 'f' then floor = x end
+    if string.byte(f, 1) == 109 and string.byte(x, 1) == 33 then
+      marks[#marks + 1] = {tonumber(string.sub(x, 2)) or 0, string.sub(f, 2)}
+    end
+  end
+  if #marks < CAP_HIGH then
+    redis.call('HSET', C.s, 'c', #marks)
+    return
+  end
+  table.sort(marks, function(a, b) return a[1] < b[1] end)
+  local dels = {}
+  local fl = tonumber(floor)
+  for i = 1, #marks - CAP_LOW do
+    local id = marks[i][2]
+    dels[#dels + 1] = 'm' .. id
+    local x = numeric(id)
+    if x and floor ~= 'x' and (not fl or x > fl) then fl = x end
+  end
+  redis.call('HDEL', C.s, unpack(dels))
+  if fl and floor ~= 'x' then
+    redis.call('HSET', C.s, 'c', CAP_LOW, 'f', num(fl))
+  else
+    redis.call('HSET', C.s, 'c', CAP_LOW)
+  end
 end
 local function never() return false end

@@ -4,109 +4,168 @@ use redis::Script;
 
 pub(super) const PRELUDE: &str = include_str!("scripts.lua");
 
-/// The arguments every per-chat script takes: KEYS h, q, w, l and optionally m (the
-/// message claim); ARGV chat, ticket, TTL ms, history ms, wake channel prefix, then
-/// the script's own.
+/// The arguments every per-chat script takes: KEYS s (state), q (queue); ARGV chat,
+/// ticket, TTL ms, history ms, wake channel prefix, keep ms (how long the state outlives
+/// the chat's last grant: the larger of the history and the dedup window), message id
+/// (`""`: none, or dedup off), then the script's own.
 pub(super) const CHAT_ARGS: &str = r#"
-local h, q, w, l, m = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local s, q = KEYS[1], KEYS[2]
 local chat, t = ARGV[1], ARGV[2]
 local ttl, hist, wake = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local keep_ms = tonumber(ARGV[6])
+local id = ARGV[7]
+if id == '' then id = nil end
+local mf = id and ('m' .. id)
 "#;
 
 pub(super) const ENQUEUE: &str = r#"
-local hv = holder(h)
-if hv and hv[1] == t then return {'granted', t, hv[2], hv[3], hv[4]} end
-local queued = redis.call('LLEN', q)
-if queued > 0 and redis.call('LPOS', q, t) then return {'queued'} end
-local now = nil
-if m then
-  local c = redis.call('GET', m)
+local me = replica_of(t)
+load(s, q, id and {mf, 'f', 'hi'} or {})
+local live = held()
+if live and C.v.t == t then return holder_reply('granted') end
+if queued() > 0 and redis.call('LPOS', q, t) then return {'queued'} end
+if id then
+  local c = C.v[mf]
   if c and string.byte(c, 1) == 33 then return {'duplicate'} end
+  local fresh = not c
+  if c == '-' then c = nil end
   if c and c ~= t then
     -- Claimed by a live delivery not handled yet: ask again later (it may die).
-    if hv and hv[1] == c then return {'inflight'} end
-    if queued > 0 and redis.call('LPOS', q, c) then
-      local wc = tonumber(redis.call('HGET', w, replica_of(c)))
-      now = now_us()
-      if wc and wc > now then return {'inflight'} end
+    if live and C.v.t == c then return {'inflight'} end
+    if queued() > 0 and redis.call('LPOS', q, c) then
+      local wc = tonumber(redis.call('HGET', s, 'a' .. replica_of(c)))
+      if wc and wc > C.now then return {'inflight'} end
     end
   end
-  if c then redis.call('SET', m, t, 'KEEPTTL') else redis.call('SET', m, t, 'PX', ARGV[6]) end
+  local x = numeric(id)
+  if fresh and x and C.v.f ~= 'x' then
+    local f = tonumber(C.v.f)
+    if f and x <= f then return {'duplicate'} end
+    local hi = tonumber(C.v.hi)
+    if hi and x < hi then put('f', 'x') else put('hi', id) end
+  end
+  put(mf, t)
 end
 local mine = function(x) return x == t end
-if not hv and queued == 0 then
-  local g = grant(h, l, chat, t, now, ttl, hist, wake, mine)
+if not live and queued() == 0 then
+  local g = grant(chat, t, ttl, hist, keep_ms, wake, mine)
+  flush()
   return {'granted', t, g[2], g[3], g[4]}
 end
-now = now or now_us()
 redis.call('RPUSH', q, t)
-redis.call('HSET', w, replica_of(t), num(now + ttl * 1000))
-touch(q, w, ttl)
-if not hv then
-  local g = settle(h, q, w, l, chat, ttl, hist, wake, mine)
-  if g and g[1] == t then return {'granted', t, g[2], g[3], g[4]} end
-end
+put('n', num(queued() + 1))
+put('a' .. me, num(C.now + ttl * 1000))
+extend(q, 3 * ttl)
+local g = nil
+if not live then g = settle(chat, ttl, hist, keep_ms, wake, mine) end
+flush()
+if g and g[1] == t then return {'granted', t, g[2], g[3], g[4]} end
 return {'queued'}
 "#;
 
 pub(super) const RELEASE: &str = r#"
-local me = ARGV[7]
-local hv = holder(h)
-if not hv or hv[1] ~= t or hv[2] ~= ARGV[6] then
+local token, me = ARGV[8], ARGV[9]
+load(s, q, id and {mf, 'c'} or {})
+local live = held()
+if not (live and C.v.t == t and C.v.k == token) then
   -- Not ours any more. If the lease simply expired, move the chat on.
-  if not hv then settle(h, q, w, l, chat, ttl, hist, wake, never) end
-  -- A retry of this very release whose reply was lost: the claim says so.
-  if m and redis.call('GET', m) == '!' .. t then return {'released'} end
+  if not live and queued() > 0 then settle(chat, ttl, hist, keep_ms, wake, never) end
+  flush()
+  -- A retry of this very release whose reply was lost: the mark says so.
+  if id and C.v[mf] == '!' .. token then return {'released'} end
   return {'lost'}
 end
-redis.call('DEL', h)
-if m and redis.call('GET', m) == t then redis.call('SET', m, '!' .. t, 'KEEPTTL') end
-local g = settle(h, q, w, l, chat, ttl, hist, wake, function(x, r) return r == me end)
+put('u', '0')
+local marked = false
+if id and C.v[mf] == t then
+  put(mf, '!' .. token)
+  put('c', num((tonumber(C.v.c) or 0) + 1))
+  marked = true
+end
+local g = nil
+if queued() > 0 then
+  g = settle(chat, ttl, hist, keep_ms, wake, function(x, r) return r == me end)
+end
+flush()
+if marked and tonumber(C.v.c) >= CAP_HIGH then evict() end
 if g and g[5] == me then return {'released', g[1], g[2], g[3], g[4]} end
 return {'released'}
 "#;
 
+/// Extends a held lease (KEYS s; ARGV ticket, token, TTL ms, keep ms): 1 when it was
+/// still this grant's and live, 0 otherwise.
 pub(super) const RENEW: &str = r#"
-local v = redis.call('GET', KEYS[1])
-local ours = ARGV[1] .. '\0' .. ARGV[2] .. '\0'
-if v and string.sub(v, 1, #ours) == ours then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local s = KEYS[1]
+local v = redis.call('HMGET', s, 't', 'k', 'u', 'e')
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+if v[1] == ARGV[1] and v[2] == ARGV[2] and (tonumber(v[3]) or 0) >= now then
+  local u = now + tonumber(ARGV[3]) * 1000
+  local keep = tonumber(ARGV[4])
+  if (tonumber(v[4]) or 0) < u + keep * 1000 then
+    local ms = math.floor((u - now) / 1000) + math.floor(keep * 3 / 2)
+    redis.call('PEXPIRE', s, ms)
+    redis.call('HSET', s, 'u', string.format('%d', u), 'e', string.format('%d', now + ms * 1000))
+  else
+    redis.call('HSET', s, 'u', string.format('%d', u))
+  end
   return 1
 end
 return 0
 "#;
 
 pub(super) const CHECK: &str = r#"
-local hv = holder_or_settle(h, q, w, l, chat, t, ttl, hist, wake)
-if hv and hv[1] == t then return {'granted', t, hv[2], hv[3], hv[4]} end
+local me = replica_of(t)
+load(s, q, {'a' .. me})
+local seen = C.v['a' .. me]
+if not held() then settle(chat, ttl, hist, keep_ms, wake, function(x) return x == t end) end
+if held() and C.v.t == t then
+  flush()
+  return holder_reply('granted')
+end
 if redis.call('LPOS', q, t) then
-  redis.call('HSET', w, replica_of(t), num(now_us() + ttl * 1000))
-  touch(q, w, ttl)
+  put('a' .. me, num(C.now + ttl * 1000))
+  if queued() == 0 then put('n', num(redis.call('LLEN', q))) end
+  flush()
+  extend(q, 3 * ttl)
   return {'waiting'}
 end
+flush()
 -- Skipped after its replica's liveness lapsed (its field is still here), or lost with
 -- the data (no trace of the replica in this chat).
-if redis.call('HEXISTS', w, replica_of(t)) == 1 then return {'lapsed'} end
+if seen then return {'lapsed'} end
 return {'gone'}
 "#;
 
 pub(super) const CANCEL: &str = r#"
-local hv = holder_or_settle(h, q, w, l, chat, t, ttl, hist, wake)
-if hv and hv[1] == t then return {'granted', t, hv[2], hv[3], hv[4]} end
-redis.call('LREM', q, 0, t)
-if m and redis.call('GET', m) == t then redis.call('DEL', m) end
+load(s, q, id and {mf} or {})
+if not held() then settle(chat, ttl, hist, keep_ms, wake, function(x) return x == t end) end
+if held() and C.v.t == t then
+  flush()
+  return holder_reply('granted')
+end
+local removed = redis.call('LREM', q, 0, t)
+if removed > 0 then
+  local n = queued() - removed
+  if n < 0 then n = 0 end
+  put('n', num(n))
+end
+-- Given up: a redelivery of the message may run (and no floor ever covers it).
+if id and C.v[mf] == t then put(mf, '-') end
+flush()
 return {'cancelled'}
 "#;
 
-/// Writes or deletes a chat's checkpoint (KEYS h, c; ARGV token, ttl ms, data):
-/// refused (0) unless the chat's live holder (`h`, whose PX is the lease) has this
+/// Writes or deletes a chat's checkpoint (KEYS s, c; ARGV token, ttl ms, data):
+/// refused (0) unless the chat's live holder (fields `k` and `u` of `s`) has this
 /// token, or when the stored checkpoint's token is newer. Stored as `token NUL data`.
 pub(super) const WRITE_CHECKPOINT: &str = r#"
 local token = tonumber(ARGV[1])
-local hv = redis.call('GET', KEYS[1])
-if not hv then return 0 end
-local k = tonumber(string.match(hv, '^[^%z]*%z([^%z]*)'))
-if k ~= token then return 0 end
+local hv = redis.call('HMGET', KEYS[1], 'k', 'u')
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+if not hv[1] or (tonumber(hv[2]) or 0) < now then return 0 end
+if tonumber(hv[1]) ~= token then return 0 end
 local cur = redis.call('GET', KEYS[2])
 if cur then
   local k = tonumber(string.match(cur, '^[^%z]*'))
