@@ -87,7 +87,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use redis::{Client, Connection, ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use redis::{Client, Cmd, Connection, ErrorKind, RedisError, ServerErrorKind, Value};
 use serde::Deserialize;
 
 use crate::coordinator::{
@@ -299,6 +299,13 @@ fn describe_at(server: &str, timeout: Duration, e: &RedisError) -> BackendError 
     }
 }
 
+/// Whether Redis lost the function library (a restart without persistence, or
+/// `FUNCTION FLUSH`): it is loaded again and the call retried.
+fn forgot_functions(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+        || e.to_string().contains("Function not found")
+}
+
 fn is_transient(e: &RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_unrecoverable_error()
 }
@@ -398,10 +405,11 @@ impl RedisCoordinator {
     }
 
     fn load_scripts(&self, con: &mut Connection) -> Result<(), RedisError> {
-        for s in self.scripts.all() {
-            s.load(con)?;
-        }
-        Ok(())
+        redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(&self.scripts.source)
+            .exec(con)
     }
 
     /// Runs `f` on a pooled connection; on a broken connection retries once on a fresh
@@ -427,8 +435,7 @@ impl RedisCoordinator {
                     }
                     return Ok(v);
                 }
-                Err(e)
-                    if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) && attempts < 3 =>
+                Err(e) if forgot_functions(&e) && attempts < 3 =>
                 {
                     log::info!(target: "botmesh::redis", "Redis forgot the scripts; loading them again");
                     self.load_scripts(&mut con).map_err(|e| self.describe(&e))?;
@@ -450,17 +457,20 @@ impl RedisCoordinator {
         }
     }
 
-    fn chat_invocation<'a>(
+    fn chat_invocation(
         &self,
-        script: &'a Script,
+        function: &str,
         keys: &ChatKeys,
         message_id: Option<&str>,
         chat: &str,
         ticket: &str,
-    ) -> redis::ScriptInvocation<'a> {
-        let mut inv = script.prepare_invoke();
-        inv.key(keys.key("s")).key(keys.key("q"));
-        inv.arg(chat)
+    ) -> Cmd {
+        let mut inv = redis::cmd("FCALL");
+        inv.arg(function)
+            .arg(2)
+            .arg(keys.key("s"))
+            .arg(keys.key("q"))
+            .arg(chat)
             .arg(ticket)
             .arg(self.ttl_ms)
             .arg(HISTORY.as_millis() as u64)
@@ -662,7 +672,7 @@ impl Coordinator for RedisCoordinator {
             req.chat,
             &ticket,
         );
-        let reply: Vec<String> = self.with_conn(|con| inv.invoke(con))?;
+        let reply: Vec<String> = self.with_conn(|con| inv.query(con))?;
         match reply.first().map(String::as_str) {
             Some("granted") => Ok(Enqueued::Granted(grant_from(&reply)?)),
             Some("queued") => Ok(Enqueued::Queued),
@@ -679,15 +689,17 @@ impl Coordinator for RedisCoordinator {
         data: Option<&str>,
     ) -> Result<bool, BackendError> {
         let keys = ChatKeys::new(&self.options.key_prefix, chat);
-        let mut inv = self.scripts.write_checkpoint.prepare_invoke();
-        inv.key(keys.key("s"))
-            .key(keys.key("c"))
+        let mut inv = redis::cmd("FCALL");
+        inv.arg(&self.scripts.write_checkpoint)
+            .arg(2)
+            .arg(keys.key("s"))
+            .arg(keys.key("c"))
             .arg(token)
             .arg(u64::try_from(CHECKPOINT_TTL.as_millis()).unwrap_or(u64::MAX));
         if let Some(data) = data {
             inv.arg(data);
         }
-        let applied: i64 = self.with_conn(|con| inv.invoke(con))?;
+        let applied: i64 = self.with_conn(|con| inv.query(con))?;
         Ok(applied == 1)
     }
 
@@ -712,7 +724,7 @@ impl Coordinator for RedisCoordinator {
         let keys = ChatKeys::new(&self.options.key_prefix, w.chat);
         let ticket = ticket_str(w.ticket);
         let inv = self.chat_invocation(&self.scripts.cancel, &keys, w.message_id, w.chat, &ticket);
-        let reply: Vec<String> = self.with_conn(|con| inv.invoke(con))?;
+        let reply: Vec<String> = self.with_conn(|con| inv.query(con))?;
         match reply.first().map(String::as_str) {
             Some("granted") => Ok(Some(grant_from(&reply)?)),
             Some("cancelled") => Ok(None),
@@ -731,7 +743,7 @@ impl Coordinator for RedisCoordinator {
             self.chat_invocation(&self.scripts.release, &keys, handled, lease.chat, &ticket);
         inv.arg(lease.token.to_string())
             .arg(lease.ticket.replica.as_ref());
-        let reply: Vec<String> = self.with_conn(|con| inv.invoke(con))?;
+        let reply: Vec<String> = self.with_conn(|con| inv.query(con))?;
         match reply.first().map(String::as_str) {
             Some("released") if reply.len() >= 5 => Ok(Released::Released {
                 next: Some(grant_from(&reply)?),
@@ -759,13 +771,12 @@ impl Coordinator for RedisCoordinator {
         if held.is_empty() && waiting.is_empty() {
             return Ok(Renewal::default());
         }
-        let renew_sha = self.scripts.renew.get_hash().to_owned();
-        let check_sha = self.scripts.check.get_hash().to_owned();
+        let (renew, check) = (&self.scripts.renew, &self.scripts.check);
         let mut pipe = redis::pipe();
         for lease in held {
             let keys = ChatKeys::new(&self.options.key_prefix, lease.chat);
-            pipe.cmd("EVALSHA")
-                .arg(&renew_sha)
+            pipe.cmd("FCALL")
+                .arg(renew)
                 .arg(1)
                 .arg(keys.key("s"))
                 .arg(ticket_str(lease.ticket))
@@ -776,8 +787,8 @@ impl Coordinator for RedisCoordinator {
         let wake = self.wake_prefix();
         for w in waiting {
             let keys = ChatKeys::new(&self.options.key_prefix, w.chat);
-            pipe.cmd("EVALSHA")
-                .arg(&check_sha)
+            pipe.cmd("FCALL")
+                .arg(check)
                 .arg(2)
                 .arg(keys.key("s"))
                 .arg(keys.key("q"))

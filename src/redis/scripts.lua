@@ -6,7 +6,7 @@
 --                  until when its lease runs (server time, us; "0" once released)
 --        pr, pk    the previous holder's replica and token, for the current grant
 --        n         how many tickets q holds (so the fast paths skip the list)
---        e         until when the key's own expiry is set (us)
+--        e, qe     until when the key's own expiry, and the queue's, is set (us)
 --        a<r>      alive-until (us) of replica r's tickets in this chat, refreshed by
 --                  its renewals (one field per replica: a deep queue costs a tick nothing)
 --        m<id>     message id <id>: the claimant ticket while in flight, "!" and the
@@ -46,6 +46,7 @@ end
 local C = {w = {}}
 -- Reads the fields every call needs (holder ticket, token and lease end, queue length,
 -- expiry mark) and `extra`; each field read costs about a quarter of a microsecond.
+-- (`qe` is read by the calls that queue: see keep_queue.)
 local function load(s, q, extra)
   C.s, C.q, C.now, C.w = s, q, now_us(), {}
   local vals = redis.call('HMGET', s, 't', 'k', 'u', 'n', 'e', unpack(extra))
@@ -90,13 +91,20 @@ local function holder_reply(tag)
   end
   return {tag, C.v.t, C.v.k, C.v.pr or '', C.v.pk or ''}
 end
--- Extends a key's expiry to at least ms, never shortening it: a replica with a short
--- TTL must not cut the queue of a waiter with a long one. (A key without expiry, just
--- created, gets one.)
-local function extend(k, ms)
-  if redis.call('PEXPIRE', k, ms, 'GT') == 0 and redis.call('PTTL', k) == -1 then
-    redis.call('PEXPIRE', k, ms)
+-- Keeps the queue at least 3 x ttl ms from now, never shortening it: a replica with a
+-- short TTL must not cut the queue of a waiter with a long one. `qe` remembers until
+-- when the queue's expiry is known to run (us), so most calls need no PEXPIRE; `fresh`:
+-- the RPUSH just created the list (it has no expiry yet).
+local function keep_queue(ttl, fresh)
+  local need = C.now + 3 * ttl * 1000
+  local qe = tonumber(C.v.qe)
+  if not fresh and qe and qe >= need - ttl * 1000 then return end
+  if fresh then
+    redis.call('PEXPIRE', C.q, 3 * ttl)
+  elseif redis.call('PEXPIRE', C.q, 3 * ttl, 'GT') == 0 and redis.call('PTTL', C.q) == -1 then
+    redis.call('PEXPIRE', C.q, 3 * ttl)
   end
+  if fresh or not qe or qe < need then put('qe', num(need)) end
 end
 -- Keeps the state key at least `keep` ms past `upto` (us): the history, the dedup
 -- window and any live lease all fit. Set to half as much again, so this is one PEXPIRE
