@@ -271,12 +271,13 @@ fn lost_reply_is_retried_idempotently() {
         panic!("expected a grant");
     };
     let mut con = server.connection();
-    // The holder's token is field `k` of the chat's state hash.
-    let token: String = redis::cmd("HGET")
+    // The holder record is field `h` of the chat's state hash: `token,lease end,…`.
+    let holder: String = redis::cmd("HGET")
         .arg("botmesh:{chat}:s")
-        .arg("k")
+        .arg("h")
         .query(&mut con)
         .expect("HGET");
+    let token = holder.split(',').next().unwrap_or_default().to_owned();
     assert_eq!(token, g1.token.to_string(), "one grant, one token");
     // A queued ticket whose reply is lost: queued once.
     let t2 = Ticket {
@@ -482,15 +483,21 @@ fn pttl(server: &RedisServer, key: &str) -> i64 {
         .expect("PTTL")
 }
 
-/// The lease left on a chat's holder: field `u` (µs, server clock) of its state hash
-/// less the server's time, in ms.
+/// The lease left on a chat's holder: the lease end (µs, server clock) in the holder
+/// record (field `h` of its state hash: `token,lease end,…`) less the server's time, in
+/// ms.
 fn lease_left_ms(server: &RedisServer, key: &str) -> i64 {
     let mut con = server.connection();
-    let until: i64 = redis::cmd("HGET")
+    let holder: String = redis::cmd("HGET")
         .arg(key)
-        .arg("u")
+        .arg("h")
         .query(&mut con)
         .expect("HGET");
+    let until: i64 = holder
+        .split(',')
+        .nth(1)
+        .and_then(|u| u.parse().ok())
+        .expect("a lease end");
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query(&mut con).expect("TIME");
     (until - (secs * 1_000_000 + micros)) / 1000
 }

@@ -58,20 +58,28 @@ fn chat_of(prefix: &str, key: &str, want: &str) -> Option<String> {
     Some(out)
 }
 
-/// What the reads of one chat answered: fields `t`, `k`, `u`, `pr`, `pk` of its state
-/// hash (the holder, or once free the last holder; the lease's end in µs; the previous
-/// holder), its queue length, and the server's time (µs).
+/// What the reads of one chat answered: fields `h` ("token,lease end µs,queue
+/// length,marks,ticket": the holder, or once free the last holder) and `p` ("token,replica"
+/// of the previous holder) of its state hash, its queue length, and the server's time
+/// (µs).
 struct Read {
-    fields: [Option<String>; 5],
+    fields: [Option<String>; 2],
     queued: usize,
     now_us: u64,
 }
 
 fn view_of(chat: &str, r: Read) -> ChatView {
-    let [t, k, u, pr, pk] = r.fields;
-    let ticket = t.as_deref().and_then(parse_ticket);
-    let token: Option<u64> = k.as_deref().and_then(|k| k.parse().ok());
-    let until: u64 = u.as_deref().and_then(|u| u.parse().ok()).unwrap_or(0);
+    let [h, p] = r.fields;
+    let mut parts = h.as_deref().unwrap_or("").splitn(5, ',');
+    let (k, u) = (parts.next(), parts.next());
+    let t = parts.nth(2);
+    let (pk, pr) = p
+        .as_deref()
+        .and_then(|p| p.split_once(','))
+        .map_or((None, None), |(k, r)| (Some(k), Some(r)));
+    let ticket = t.and_then(parse_ticket);
+    let token: Option<u64> = k.and_then(|k| k.parse().ok());
+    let until: u64 = u.and_then(|u| u.parse().ok()).unwrap_or(0);
     let holder = match (&ticket, token) {
         (Some(ticket), Some(token)) if until >= r.now_us => Some(HolderView {
             ticket: ticket.clone(),
@@ -81,7 +89,7 @@ fn view_of(chat: &str, r: Read) -> ChatView {
         _ => None,
     };
     let previous = match &holder {
-        Some(_) => match (pr.as_deref(), pk.as_deref().and_then(|k| k.parse().ok())) {
+        Some(_) => match (pr, pk.and_then(|k| k.parse().ok())) {
             (Some(replica), Some(token)) if !replica.is_empty() => Some(Previous {
                 replica: Arc::from(replica),
                 token,
@@ -136,9 +144,7 @@ fn read_chats(r: &impl Reads, stored: &[String]) -> Result<Vec<Read>, BackendErr
     pipe.cmd("TIME");
     for name in stored {
         let keys = ChatKeys::new(r.prefix(), name);
-        pipe.cmd("HMGET")
-            .arg(keys.key("s"))
-            .arg(&["t", "k", "u", "pr", "pk"]);
+        pipe.cmd("HMGET").arg(keys.key("s")).arg(&["h", "p"]);
         pipe.cmd("LLEN").arg(keys.key("q"));
     }
     let replies: Vec<Value> = typed(r.read(&mut |con| pipe.query(con))?)?;
@@ -151,7 +157,7 @@ fn read_chats(r: &impl Reads, stored: &[String]) -> Result<Vec<Read>, BackendErr
     let mut out = Vec::with_capacity(stored.len());
     while let (Some(h), Some(q)) = (it.next(), it.next()) {
         let fields: Vec<Option<String>> = typed(h)?;
-        let fields: [Option<String>; 5] = fields
+        let fields: [Option<String>; 2] = fields
             .try_into()
             .map_err(|_| BackendError::new("short HMGET reply from Redis"))?;
         out.push(Read {

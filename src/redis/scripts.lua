@@ -1,30 +1,32 @@
--- Shared prelude of botmesh's per-chat Redis scripts (prepended to each in scripts.rs).
--- A chat has two keys, both with the hash tag {<chat>} so that a script touches one
+-- Shared prelude of botmesh's per-chat Redis functions (the top of the library in
+-- scripts.rs; it runs once when the library is loaded).
+-- A chat has two keys, both with the hash tag {<chat>} so that a call touches one
 -- slot:
 --   s  state: HASH, every field short (so Redis keeps it as a compact listpack):
---        t, k, u   the holder's (or, once free, the last holder's) ticket and token, and
---                  until when its lease runs (server time, us; "0" once released)
---        pr, pk    the previous holder's replica and token, for the current grant
---        n         how many tickets q holds (so the fast paths skip the list)
+--        h         "k,u,n,c,t": the holder's (or, once free, the last holder's) token,
+--                  until when its lease runs (server time, us; 0 once released), how
+--                  many tickets q holds (so the fast paths skip the list), how many
+--                  "!" marks the hash holds, and its ticket; one field, as every field
+--                  read or written costs time
+--        p         "pk,pr": the previous holder's token and replica, for this grant
 --        e, qe     until when the key's own expiry, and the queue's, is set (us)
 --        a<r>      alive-until (us) of replica r's tickets in this chat, refreshed by
 --                  its renewals (one field per replica: a deep queue costs a tick nothing)
 --        m<id>     message id <id>: the claimant ticket while in flight, "!" and the
 --                  handling grant's token once handled (a retried release after a lost
 --                  reply is recognised by it), "-" once its ticket gave up
---        c         how many "!" marks the hash holds; f, hi: see the dedup notes below
+--        f         "floor,hi" (see below)
 --   q  queue: LIST of tickets in arrival order; PX 3 x TTL, extended by waiters
 -- A ticket is "<seq>:<replica>". Times are Redis TIME in microseconds. The state is
--- read with one HMGET and written with one HSET per call: every redis.call costs about
--- a microsecond, so the fast paths make four (TIME, HMGET, HSET, and the script call).
+-- read with one HMGET and written with one HSET per call: the fast paths make three
+-- redis.calls (TIME, HMGET, HSET), and their cost goes with the fields and arguments.
 --
 -- Dedup: the newest CAP_LOW..CAP_HIGH handled marks of a chat are kept, the older ones
 -- evicted in batches (oldest token first). For numeric ids (no leading zero, at most 15
--- digits) the chat keeps a floor f, the highest evicted id: an unknown numeric id at or
+-- digits) the chat keeps a floor, the highest evicted id: an unknown numeric id at or
 -- under it is answered duplicate, as ids rise per chat on Telegram. "hi" is the highest
 -- numeric id claimed; an unknown id under it shows the chat's ids do not rise, and turns
 -- the floor off for good (f = "x"), after which older ids are simply forgotten.
-local SEP = '\0'
 local CAP_LOW, CAP_HIGH = 16, 32
 local function now_us()
   local t = redis.call('TIME')
@@ -41,17 +43,27 @@ local function numeric(id)
   if #id <= 15 and string.find(id, '^[1-9]%d*$') then return tonumber(id) end
   return nil
 end
--- The call's view of the chat: C.v holds the fields read (false when absent) and
--- every field written since; C.w the writes not sent yet.
+-- The call's view of the chat: the holder record parsed (C.t, C.k strings, '' when
+-- none; C.u, C.n, C.c numbers), C.v the other fields read (false when absent, nil when
+-- not read) and written since, C.w the writes not sent yet, C.hd whether the holder
+-- record changed.
 local C = {w = {}}
--- Reads the fields every call needs (holder ticket, token and lease end, queue length,
--- expiry mark) and `extra`; each field read costs about a quarter of a microsecond.
--- (`qe` is read by the calls that queue: see keep_queue.)
-local function load(s, q, extra)
-  C.s, C.q, C.now, C.w = s, q, now_us(), {}
-  local vals = redis.call('HMGET', s, 't', 'k', 'u', 'n', 'e', unpack(extra))
-  C.v = {t = vals[1], k = vals[2], u = vals[3], n = vals[4], e = vals[5]}
-  for i, name in ipairs(extra) do C.v[name] = vals[5 + i] end
+-- Reads the holder record and `fields` (the expiry mark `e` among them, unless the
+-- caller knows the hash exists: every hash that has `h` has `e`).
+local function load(s, q, fields)
+  C.s, C.q, C.now, C.w, C.hd = s, q, now_us(), {}, false
+  local vals = redis.call('HMGET', s, 'h', unpack(fields))
+  C.v = {}
+  for i, name in ipairs(fields) do C.v[name] = vals[1 + i] end
+  C.t, C.k, C.u, C.n, C.c = '', '', 0, 0, 0
+  if vals[1] then
+    local k, u, n, c, t = string.match(vals[1], '^([^,]*),([^,]*),([^,]*),([^,]*),(.*)$')
+    if t then
+      C.t, C.k, C.u, C.n, C.c = t, k, tonumber(u) or 0, tonumber(n) or 0, tonumber(c) or 0
+    end
+  elseif C.v.e == nil then
+    C.v.e = false
+  end
 end
 local function put(f, x)
   if C.v[f] ~= x then
@@ -59,43 +71,51 @@ local function put(f, x)
     C.v[f] = x
   end
 end
+local function set_n(n)
+  if n < 0 then n = 0 end
+  if n ~= C.n then C.n, C.hd = n, true end
+end
 local function flush()
   local args = {}
+  if C.hd then
+    args[1] = 'h'
+    args[2] = C.k .. ',' .. num(C.u) .. ',' .. num(C.n) .. ',' .. num(C.c) .. ',' .. C.t
+    C.hd = false
+  end
   for f, x in pairs(C.w) do
     args[#args + 1] = f
     args[#args + 1] = x
   end
   C.w = {}
   if #args == 0 then return end
-  redis.call('HSET', C.s, unpack(args))
-  if not C.v.e then
+  if C.v.e == false then
     -- A hash this call did not find (or found without an expiry mark) gets one, so
     -- no path leaves state behind for good.
     local ms = math.floor(tonumber(ARGV[6]) * 3 / 2)
     C.v.e = num(C.now + ms * 1000)
-    redis.call('HSET', C.s, 'e', C.v.e)
+    args[#args + 1] = 'e'
+    args[#args + 1] = C.v.e
+    redis.call('HSET', C.s, unpack(args))
     redis.call('PEXPIRE', C.s, ms)
+    return
   end
+  redis.call('HSET', C.s, unpack(args))
 end
-local function queued() return tonumber(C.v.n) or 0 end
 -- Whether a live lease holds the chat.
-local function held()
-  return C.v.t and C.v.t ~= '' and (tonumber(C.v.u) or 0) >= C.now
-end
+local function held() return C.t ~= '' and C.u >= C.now end
 -- The current holder as a reply {tag, t, k, pr, pk} (its previous holder read now if
 -- this call has not read or written it).
 local function holder_reply(tag)
-  if C.v.pr == nil then
-    local p = redis.call('HMGET', C.s, 'pr', 'pk')
-    C.v.pr, C.v.pk = p[1], p[2]
-  end
-  return {tag, C.v.t, C.v.k, C.v.pr or '', C.v.pk or ''}
+  if C.v.p == nil then C.v.p = redis.call('HGET', C.s, 'p') end
+  local pk, pr = string.match(C.v.p or ',', '^([^,]*),(.*)$')
+  return {tag, C.t, C.k, pr or '', pk or ''}
 end
 -- Keeps the queue at least 3 x ttl ms from now, never shortening it: a replica with a
 -- short TTL must not cut the queue of a waiter with a long one. `qe` remembers until
 -- when the queue's expiry is known to run (us), so most calls need no PEXPIRE; `fresh`:
 -- the RPUSH just created the list (it has no expiry yet).
 local function keep_queue(ttl, fresh)
+  if C.v.qe == nil then C.v.qe = redis.call('HGET', C.s, 'qe') end
   local need = C.now + 3 * ttl * 1000
   local qe = tonumber(C.v.qe)
   if not fresh and qe and qe >= need - ttl * 1000 then return end
@@ -110,6 +130,7 @@ end
 -- window and any live lease all fit. Set to half as much again, so this is one PEXPIRE
 -- per chat and hour or so, not one per message.
 local function keep_until(upto, keep)
+  if C.v.e == nil then C.v.e = redis.call('HGET', C.s, 'e') end
   local e = tonumber(C.v.e)
   if e and e >= upto + keep * 1000 then return end
   local ms = math.floor((upto - C.now) / 1000) + math.floor(keep * 3 / 2)
@@ -128,19 +149,16 @@ end
 -- at most `hist` ms old (a token is its grant's time, or just above).
 local function grant(chat, t, lease, hist, keep_ms, wake, keep)
   local token = C.now
-  local lk = tonumber(C.v.k)
+  local lk = tonumber(C.k)
   if lk and lk + 1 > token then token = lk + 1 end
   local pr, pk = '', ''
-  if C.v.t and C.v.t ~= '' and lk and C.now - lk <= hist * 1000 then
-    pr, pk = replica_of(C.v.t), C.v.k
+  if C.t ~= '' and lk and C.now - lk <= hist * 1000 then
+    pr, pk = replica_of(C.t), C.k
   end
   local k = num(token)
   local until_us = C.now + lease * 1000
-  put('t', t)
-  put('k', k)
-  put('u', num(until_us))
-  put('pr', pr)
-  put('pk', pk)
+  C.t, C.k, C.u, C.hd = t, k, until_us, true
+  put('p', pk .. ',' .. pr)
   keep_until(until_us, keep_ms)
   local r = replica_of(t)
   if not keep(t, r) then
@@ -151,16 +169,13 @@ end
 -- Hands a free chat (the caller checked that no live lease holds it) to the first live
 -- ticket in the queue, skipping lapsed ones. Returns the grant or nil.
 local function settle(chat, ttl, hist, keep_ms, wake, keep)
-  local n = queued()
   while true do
     local t = redis.call('LPOP', C.q)
     if not t then
-      put('n', '0')
+      set_n(0)
       return nil
     end
-    n = n - 1
-    if n < 0 then n = 0 end
-    put('n', num(n))
+    set_n(C.n - 1)
     local alive = tonumber(C.v['a' .. replica_of(t)] or redis.call('HGET', C.s, 'a' .. replica_of(t)))
     if alive and alive > C.now then
       -- The grantee's own liveness bounds its lease, not the caller's TTL: replicas
@@ -182,32 +197,36 @@ end
 -- up to date.
 local function evict()
   local all = redis.call('HGETALL', C.s)
-  local marks, floor = {}, nil
+  local marks, fv = {}, nil
   for i = 1, #all, 2 do
     local f, x = all[i], all[i + 1]
-    if f == 'f' then floor = x end
+    if f == 'f' then fv = x end
     if string.byte(f, 1) == 109 and string.byte(x, 1) == 33 then
       marks[#marks + 1] = {tonumber(string.sub(x, 2)) or 0, string.sub(f, 2)}
     end
   end
+  C.c, C.hd = #marks, true
   if #marks < CAP_HIGH then
-    redis.call('HSET', C.s, 'c', #marks)
+    flush()
     return
   end
   table.sort(marks, function(a, b) return a[1] < b[1] end)
   local dels = {}
-  local fl = tonumber(floor)
+  local off = fv == 'x'
+  local fl, hi = nil, ''
+  if fv and not off then
+    local a, b = string.match(fv, '^([^,]*),(.*)$')
+    fl, hi = tonumber(a), b or ''
+  end
   for i = 1, #marks - CAP_LOW do
     local id = marks[i][2]
     dels[#dels + 1] = 'm' .. id
     local x = numeric(id)
-    if x and floor ~= 'x' and (not fl or x > fl) then fl = x end
+    if x and not off and (not fl or x > fl) then fl = x end
   end
   redis.call('HDEL', C.s, unpack(dels))
-  if fl and floor ~= 'x' then
-    redis.call('HSET', C.s, 'c', CAP_LOW, 'f', num(fl))
-  else
-    redis.call('HSET', C.s, 'c', CAP_LOW)
-  end
+  C.c = #marks - #dels
+  if fl and not off then put('f', num(fl) .. ',' .. hi) end
+  flush()
 end
 local function never() return false end

@@ -20,12 +20,12 @@ local mf = id and ('m' .. id)
 
 pub(super) const ENQUEUE: &str = r#"
 local me = replica_of(t)
-load(s, q, id and {mf, 'f', 'hi', 'qe'} or {'qe'})
+load(s, q, id and {'e', mf, 'f'} or {'e'})
 local live = held()
-if live and C.v.t == t then return holder_reply('granted') end
+if live and C.t == t then return holder_reply('granted') end
 -- A retry of this very enqueue is already queued. With a message id, only a ticket
 -- that holds the id's claim can be (every enqueue that queues claims it).
-if queued() > 0 and (not id or C.v[mf] == t) and redis.call('LPOS', q, t) then
+if C.n > 0 and (not id or C.v[mf] == t) and redis.call('LPOS', q, t) then
   return {'queued'}
 end
 if id then
@@ -35,29 +35,37 @@ if id then
   if c == '-' then c = nil end
   if c and c ~= t then
     -- Claimed by a live delivery not handled yet: ask again later (it may die).
-    if live and C.v.t == c then return {'inflight'} end
-    if queued() > 0 and redis.call('LPOS', q, c) then
+    if live and C.t == c then return {'inflight'} end
+    if C.n > 0 and redis.call('LPOS', q, c) then
       local wc = tonumber(redis.call('HGET', s, 'a' .. replica_of(c)))
       if wc and wc > C.now then return {'inflight'} end
     end
   end
   local x = numeric(id)
-  if fresh and x and C.v.f ~= 'x' then
-    local f = tonumber(C.v.f)
-    if f and x <= f then return {'duplicate'} end
-    local hi = tonumber(C.v.hi)
-    if hi and x < hi then put('f', 'x') else put('hi', id) end
+  local fv = C.v.f
+  if fresh and x and fv ~= 'x' then
+    local fl, hi = nil, nil
+    if fv then
+      local a, b = string.match(fv, '^([^,]*),(.*)$')
+      fl, hi = tonumber(a), tonumber(b)
+    end
+    if fl and x <= fl then return {'duplicate'} end
+    if hi and x < hi then
+      put('f', 'x')
+    else
+      put('f', (fl and num(fl) or '') .. ',' .. id)
+    end
   end
   put(mf, t)
 end
 local mine = function(x) return x == t end
-if not live and queued() == 0 then
+if not live and C.n == 0 then
   local g = grant(chat, t, ttl, hist, keep_ms, wake, mine)
   flush()
   return {'granted', t, g[2], g[3], g[4]}
 end
 local len = redis.call('RPUSH', q, t)
-put('n', num(queued() + 1))
+set_n(C.n + 1)
 put('a' .. me, num(C.now + ttl * 1000))
 keep_queue(ttl, len == 1)
 local g = nil
@@ -69,29 +77,29 @@ return {'queued'}
 
 pub(super) const RELEASE: &str = r#"
 local token, me = ARGV[8], ARGV[9]
-load(s, q, id and {mf, 'c'} or {})
+load(s, q, id and {mf} or {})
 local live = held()
-if not (live and C.v.t == t and C.v.k == token) then
+if not (live and C.t == t and C.k == token) then
   -- Not ours any more. If the lease simply expired, move the chat on.
-  if not live and queued() > 0 then settle(chat, ttl, hist, keep_ms, wake, never) end
+  if not live and C.n > 0 then settle(chat, ttl, hist, keep_ms, wake, never) end
   flush()
   -- A retry of this very release whose reply was lost: the mark says so.
   if id and C.v[mf] == '!' .. token then return {'released'} end
   return {'lost'}
 end
-put('u', '0')
+C.u, C.hd = 0, true
 local marked = false
 if id and C.v[mf] == t then
   put(mf, '!' .. token)
-  put('c', num((tonumber(C.v.c) or 0) + 1))
+  C.c = C.c + 1
   marked = true
 end
 local g = nil
-if queued() > 0 then
+if C.n > 0 then
   g = settle(chat, ttl, hist, keep_ms, wake, function(x, r) return r == me end)
 end
 flush()
-if marked and tonumber(C.v.c) >= CAP_HIGH then evict() end
+if marked and C.c >= CAP_HIGH then evict() end
 if g and g[5] == me then return {'released', g[1], g[2], g[3], g[4]} end
 return {'released'}
 "#;
@@ -100,18 +108,22 @@ return {'released'}
 /// still this grant's and live, 0 otherwise.
 pub(super) const RENEW: &str = r#"
 local s = KEYS[1]
-local v = redis.call('HMGET', s, 't', 'k', 'u', 'e')
+local v = redis.call('HMGET', s, 'h', 'e')
+if not v[1] then return 0 end
+local k, u, rest = string.match(v[1], '^([^,]*),([^,]*),(.*)$')
+local t = rest and string.match(rest, '^[^,]*,[^,]*,(.*)$')
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
-if v[1] == ARGV[1] and v[2] == ARGV[2] and (tonumber(v[3]) or 0) >= now then
-  local u = now + tonumber(ARGV[3]) * 1000
+if t == ARGV[1] and k == ARGV[2] and (tonumber(u) or 0) >= now then
+  local nu = now + tonumber(ARGV[3]) * 1000
+  local h = k .. ',' .. string.format('%d', nu) .. ',' .. rest
   local keep = tonumber(ARGV[4])
-  if (tonumber(v[4]) or 0) < u + keep * 1000 then
-    local ms = math.floor((u - now) / 1000) + math.floor(keep * 3 / 2)
+  if (tonumber(v[2]) or 0) < nu + keep * 1000 then
+    local ms = math.floor((nu - now) / 1000) + math.floor(keep * 3 / 2)
     redis.call('PEXPIRE', s, ms)
-    redis.call('HSET', s, 'u', string.format('%d', u), 'e', string.format('%d', now + ms * 1000))
+    redis.call('HSET', s, 'h', h, 'e', string.format('%d', now + ms * 1000))
   else
-    redis.call('HSET', s, 'u', string.format('%d', u))
+    redis.call('HSET', s, 'h', h)
   end
   return 1
 end
@@ -120,16 +132,16 @@ return 0
 
 pub(super) const CHECK: &str = r#"
 local me = replica_of(t)
-load(s, q, {'a' .. me, 'qe'})
+load(s, q, {'e', 'a' .. me, 'qe'})
 local seen = C.v['a' .. me]
 if not held() then settle(chat, ttl, hist, keep_ms, wake, function(x) return x == t end) end
-if held() and C.v.t == t then
+if held() and C.t == t then
   flush()
   return holder_reply('granted')
 end
 if redis.call('LPOS', q, t) then
   put('a' .. me, num(C.now + ttl * 1000))
-  if queued() == 0 then put('n', num(redis.call('LLEN', q))) end
+  if C.n == 0 then set_n(redis.call('LLEN', q)) end
   keep_queue(ttl, false)
   flush()
   return {'waiting'}
@@ -142,18 +154,14 @@ return {'gone'}
 "#;
 
 pub(super) const CANCEL: &str = r#"
-load(s, q, id and {mf} or {})
+load(s, q, id and {'e', mf} or {'e'})
 if not held() then settle(chat, ttl, hist, keep_ms, wake, function(x) return x == t end) end
-if held() and C.v.t == t then
+if held() and C.t == t then
   flush()
   return holder_reply('granted')
 end
 local removed = redis.call('LREM', q, 0, t)
-if removed > 0 then
-  local n = queued() - removed
-  if n < 0 then n = 0 end
-  put('n', num(n))
-end
+if removed > 0 then set_n(C.n - removed) end
 -- Given up: a redelivery of the message may run (and no floor ever covers it).
 if id and C.v[mf] == t then put(mf, '-') end
 flush()
@@ -161,15 +169,18 @@ return {'cancelled'}
 "#;
 
 /// Writes or deletes a chat's checkpoint (KEYS s, c; ARGV token, ttl ms, data):
-/// refused (0) unless the chat's live holder (fields `k` and `u` of `s`) has this
-/// token, or when the stored checkpoint's token is newer. Stored as `token NUL data`.
+/// refused (0) unless the chat's live holder (field `h` of `s`: token, lease end, …)
+/// has this token, or when the stored checkpoint's token is newer. Stored as
+/// `token NUL data`.
 pub(super) const WRITE_CHECKPOINT: &str = r#"
 local token = tonumber(ARGV[1])
-local hv = redis.call('HMGET', KEYS[1], 'k', 'u')
+local hv = redis.call('HGET', KEYS[1], 'h')
+if not hv then return 0 end
+local k, u = string.match(hv, '^([^,]*),([^,]*),')
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
-if not hv[1] or (tonumber(hv[2]) or 0) < now then return 0 end
-if tonumber(hv[1]) ~= token then return 0 end
+if (tonumber(u) or 0) < now then return 0 end
+if tonumber(k) ~= token then return 0 end
 local cur = redis.call('GET', KEYS[2])
 if cur then
   local k = tonumber(string.match(cur, '^[^%z]*'))
