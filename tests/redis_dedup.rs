@@ -141,7 +141,10 @@ fn ids_that_do_not_rise_turn_the_floor_off() {
     }
     let n = fields(&server, "chat");
     assert!(n <= 45, "{n} fields");
-    assert!(!r.handle("chat", &ids[99].to_string()), "recent: a duplicate");
+    assert!(
+        !r.handle("chat", &ids[99].to_string()),
+        "recent: a duplicate"
+    );
     // An id never seen, under every id handled so far: new, never a duplicate.
     assert!(r.handle("chat", "1001") && r.handle("chat", "1000"));
 }

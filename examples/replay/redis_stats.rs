@@ -31,9 +31,29 @@ const SCRIPT_RUNNERS: [&str; 5] = ["evalsha", "eval", "evalsha_ro", "eval_ro", "
 /// Commands botmesh's scripts call (so their µs are already in a script's µs, when no
 /// client sends them directly, as in the replay).
 const SCRIPT_INNER: [&str; 23] = [
-    "get", "set", "del", "llen", "lpos", "lpop", "rpush", "lrem", "lrange", "hget", "hset",
-    "hdel", "hmget", "hexists", "hincrby", "hgetall", "pexpire", "pttl", "time", "publish",
-    "zadd", "zscore", "zremrangebyscore",
+    "get",
+    "set",
+    "del",
+    "llen",
+    "lpos",
+    "lpop",
+    "rpush",
+    "lrem",
+    "lrange",
+    "hget",
+    "hset",
+    "hdel",
+    "hmget",
+    "hexists",
+    "hincrby",
+    "hgetall",
+    "pexpire",
+    "pttl",
+    "time",
+    "publish",
+    "zadd",
+    "zscore",
+    "zremrangebyscore",
 ];
 
 /// The snapshot's own commands, left out of the deltas.
@@ -141,7 +161,13 @@ pub fn take(_url: &str) -> Result<Snapshot, String> {
 
 /// The cost of the run between `before` and `after`, per handled message.
 pub fn cost(before: &Snapshot, after: &Snapshot, messages: u64) -> Cost {
-    let per = |x: f64| if messages == 0 { 0.0 } else { x / messages as f64 };
+    let per = |x: f64| {
+        if messages == 0 {
+            0.0
+        } else {
+            x / messages as f64
+        }
+    };
     let mut calls = 0u64;
     let mut scripts = 0u64;
     let mut usec = 0u64;
@@ -221,6 +247,9 @@ mod tests {
         let c = parse_commands(info);
         assert_eq!(c.get("get"), Some(&(3, 9)));
         assert_eq!(c.get("script|load"), Some(&(1, 5)));
-        assert_eq!(field("a:1\r\nused_memory:42\r\n", "used_memory"), Some("42"));
+        assert_eq!(
+            field("a:1\r\nused_memory:42\r\n", "used_memory"),
+            Some("42")
+        );
     }
 }

@@ -1,84 +1,5 @@
 //! `RedisCoordinator`: turns shared by replicas in many processes and machines.
-//!
-//! # Protocol
-//!
-//! Each chat has two keys, both with the hash tag `{<chat>}` so that every script
-//! touches one Redis Cluster slot (`%`, `{` and `}` in chat ids are percent-encoded, so
-//! any UTF-8 id is safe and no two ids share keys). With prefix `P`:
-//!
-//! | key | type | holds | expiry |
-//! | --- | --- | --- | --- |
-//! | `P:{c}:s` | hash | the chat's state, every field short (so Redis keeps it compact): `t`, `k`, `u` the holder's ticket, token and lease end (µs, server clock; `0` once released, when `t` and `k` name the last holder), `pr`, `pk` the previous holder, `n` the queue's length, `a<replica>` that replica's alive-until here (µs, refreshed every renewal), `m<id>` message `<id>`'s claim or handled mark, `c`, `f`, `hi` the dedup bookkeeping, `e` the key's own expiry | 1 to 1.5 × the larger of the history (1 h) and the dedup window after the last grant, or past a longer lease |
-//! | `P:{c}:q` | list | tickets in arrival order (FIFO) | 3 × TTL, extended by waiters, never shortened (a short-TTL replica must not cut a long-TTL waiter's queue) |
-//!
-//! A ticket is `<seq>:<replica>`. Five Lua scripts, loaded once and called by SHA
-//! (reloaded on `NOSCRIPT`, also inside pipelines), do all changes atomically; each
-//! reads the state with one `HMGET` and writes it with one `HSET`:
-//!
-//! - `enqueue` (one round trip): duplicate check and claim (`duplicate` once handled,
-//!   `inflight` while a live ticket holds the claim unhandled); a free chat with an empty
-//!   queue is granted at once (`TIME`, `HMGET`, `HSET`), otherwise the ticket is
-//!   queued with `RPUSH`. Idempotent per ticket, so a retry after a lost
-//!   reply neither queues a ticket twice nor hands out a second token.
-//! - `release` (one round trip): if the holder is still this ticket and token and its
-//!   lease runs, mark the chat free and hand it to the first live ticket in the queue
-//!   (the list is only touched when `n` says it holds any); otherwise answer `lost`.
-//!   The grant is published to the new holder's replica on `P:{wake}:<replica>`
-//!   (unless it is the caller's own, which gets it in the reply).
-//! - `renew` and `check`: the renewal tick sends one pipeline (one round trip) with a
-//!   `renew` per held lease (moves `u` on if still ours) and a `check` per chat the
-//!   replica waits on, for its earliest ticket there (refresh the liveness of all its
-//!   tickets in the chat, replace an expired holder, report granted / waiting /
-//!   lapsed (skipped because the replica's liveness lapsed: reported `lost`, never
-//!   re-queued, which would break the chat's order) / gone (no trace: lost with the
-//!   data, re-queued)).
-//!   A backlog of queued messages therefore adds nothing to a tick.
-//! - `cancel`: take a ticket whose wait ran out out of the queue (or report that it was
-//!   granted meanwhile) and give up its message claim (marked `-`, so a redelivery of
-//!   the message runs).
-//!
-//! **Duplicate suppression, bounded per chat.** A claim `m<id>` is the claimant ticket
-//! while the message is in flight (exact, never evicted), `!` and the handling grant's
-//! token once handled (so a retried release after a lost reply is recognised). A chat
-//! keeps its newest 16 to 32 handled marks; older ones are evicted in batches, oldest
-//! token first. For numeric ids (no leading zero, up to 15 digits) the chat also keeps
-//! a floor, the highest id evicted: an unknown id at or under it is answered
-//! `duplicate`, which is right where ids rise per chat (Telegram's `message_id` does,
-//! and a platform sends a chat's next update only once the previous one was taken
-//! in). A fresh id under the highest one claimed so far shows that the chat's ids do
-//! not rise: its floor is turned off for good, and then an id older than the newest 16
-//! to 32 handled may run again (string ids likewise). So duplicate state no longer
-//! grows with messages: an idle chat leaves one hash of about 40 short fields (0.6 KB)
-//! for 1 to 1.5 h after its last grant (with the default window; the larger of the
-//! window and the history otherwise), and nothing else once its queue is empty.
-//!
-//! Fencing tokens are `max(last + 1, server time in µs)`. Tokens never run ahead of the
-//! clock (a grant takes far more than a microsecond), so they keep increasing after
-//! `P:{c}:s` expired, after Redis lost its data, and after Redis came back from an
-//! older snapshot or a lagging replica, as long as the Redis server's clock does not
-//! step back (a failover to a
-//! server whose clock is behind by more than the chat's idle time could break that;
-//! keep clocks synchronised).
-//!
-//! Tickets whose replica stopped renewing lapse (its alive-until passes) and are skipped
-//! at hand-over; a grant's lease runs to the grantee's alive-until (set from the
-//! grantee's own TTL, so replicas with different TTLs each get leases they can renew),
-//! so a crashed replica costs the others at most about one TTL in all.
-//!
-//! Each replica has one subscriber thread on its wake channel; a lost wake-up (killed
-//! connection, Redis restart) is covered by the `check` in the next renewal tick.
-//! Connections are pooled and reused; a call that fails on a broken connection is
-//! retried once on a fresh one. All scripts are safe to repeat: a repeated `release`
-//! of a handled message recognises its own first run by the mark (`!` and the
-//! grant's token); one without a message id may still answer `lost` for a release
-//! that had in fact succeeded.
-//!
-//! The layout changed in issue 11 (it was five keys per chat and one key per handled
-//! message): replicas of the old and the new layout must not share a key prefix (stop
-//! the old ones first, or give the new ones another prefix).
-//!
-//! Round trips per message: 2 when the chat is free (enqueue, release), plus the pub/sub
-//! push when it has to wait. Renewal: 1 per tick per replica, whatever it holds.
+#![doc = include_str!("protocol.md")]
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -435,8 +356,7 @@ impl RedisCoordinator {
                     }
                     return Ok(v);
                 }
-                Err(e) if forgot_functions(&e) && attempts < 3 =>
-                {
+                Err(e) if forgot_functions(&e) && attempts < 3 => {
                     log::info!(target: "botmesh::redis", "Redis forgot the scripts; loading them again");
                     self.load_scripts(&mut con).map_err(|e| self.describe(&e))?;
                     self.pool.lock().push(con);
