@@ -26,6 +26,7 @@ use crate::coordinator::{
     Renewal, ReplicaId, Token, Waiting, lease_name, stored_name,
 };
 
+mod dedup;
 mod table;
 
 use table::{Env, FOREVER, Pushes, Shard};
