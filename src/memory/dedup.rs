@@ -19,11 +19,18 @@ const CAP_HIGH: usize = 32;
 
 enum IdState {
     /// In flight: the claimant ticket has not been handled.
-    Claimed { by: Ticket, expires: Instant },
-    Handled { expires: Instant },
+    Claimed {
+        by: Ticket,
+        expires: Instant,
+    },
+    Handled {
+        expires: Instant,
+    },
     /// Its ticket gave up (timed out, cancelled): a redelivery runs, and no floor
     /// covers it.
-    GivenUp { expires: Instant },
+    GivenUp {
+        expires: Instant,
+    },
 }
 
 impl IdState {
@@ -222,7 +229,10 @@ mod tests {
         }
         assert!(d.ids.len() <= CAP_HIGH, "{}", d.ids.len());
         for i in [1u64, 100, 200] {
-            assert_eq!(d.claim(now, W, &i.to_string(), &t(999), |_| true), Claim::Duplicate);
+            assert_eq!(
+                d.claim(now, W, &i.to_string(), &t(999), |_| true),
+                Claim::Duplicate
+            );
         }
         // Past the window the floor and the marks are gone.
         let later = now + W + Duration::from_secs(1);

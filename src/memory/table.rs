@@ -127,7 +127,6 @@ struct Queued {
     deadline: Instant,
 }
 
-
 fn grant_of(holder: &Holder) -> Grant {
     Grant {
         ticket: holder.ticket.clone(),
@@ -247,9 +246,8 @@ impl Shard {
         }
         if self.chats.len() >= self.sweep_at {
             let now = env.now;
-            self.chats.retain(|_, c| {
-                !c.is_idle() || c.idle_until >= now || c.dedup.until >= now
-            });
+            self.chats
+                .retain(|_, c| !c.is_idle() || c.idle_until >= now || c.dedup.until >= now);
             self.sweep_at = (self.chats.len() * 2).max(1024);
         }
     }
