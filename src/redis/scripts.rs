@@ -1,4 +1,4 @@
-//! The Lua scripts of the turn protocol, loaded once and called by SHA.
+//! The turn protocol in Lua: one Redis function library, loaded once and called with `FCALL`.
 
 use redis::Script;
 
