@@ -18,6 +18,8 @@
 //! cargo run --release --example replay -- --backend redis --redis-url redis://127.0.0.1:6379
 //! cargo run --release --example replay -- --backend redis --redis-url redis://127.0.0.1:6379 \
 //!     --processes --kill-replica-at 0.5 --log replay.jsonl
+//! cargo run --release --example replay -- --backend redis --redis-url redis://127.0.0.1:6379 \
+//!     --processes --redis-stats   # what a message costs Redis: commands, µs, round trips, memory
 //! cargo run --release --example replay -- --help
 //! ```
 //!
@@ -67,7 +69,13 @@
 //! `--backend redis --redis-url URL` runs the same replay over a Redis server. Every run
 //! uses a fresh key prefix `replay-<pid>-<nanos>` (or `--key-prefix`), so runs on one
 //! server never meet; botmesh gives every key it leaves a TTL, so nothing needs
-//! cleaning up. `--lease-ttl` sets the lease TTL (default 10 s).
+//! cleaning up. `--lease-ttl` sets the lease TTL (default 10 s). `--redis-stats` reads
+//! the server's `INFO` (commandstats, stats, cpu, memory) and `DBSIZE` before and after
+//! the run and adds what it cost per handled message to the summary and to the JSON
+//! record's `extra.redis_stats`: commands (script calls and the commands inside them),
+//! µs in commands, server CPU µs, round trips (the server's read events), and the
+//! memory and keys left behind (see `replay/redis_stats.rs`; the server should run
+//! nothing else meanwhile).
 //!
 //! With `--processes` every replica is its own OS process: the example starts itself
 //! again once per replica (hidden flag `--child-replica rK`, the URL passed in the
