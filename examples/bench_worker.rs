@@ -36,6 +36,11 @@
 //!   counted in `errors`. With `--cs mem` the flag and the sequence are in-process
 //!   atomics and `mem_counts` is `[last sequence value]`.
 //!
+//! SIGTERM or SIGINT: before `GO` the worker shuts its replica down and exits 1; after
+//! it, each thread stops at its next acquisition (as at the deadline, so `incomplete`
+//! is set), the replica shuts down (releasing every turn), and `--out` is written as
+//! usual.
+//!
 //! A sample `[t_req, t_acq, t_rel, t_done, k]` is written per acquisition, in
 //! CLOCK_MONOTONIC nanoseconds (read with `rustix`, no `unsafe`). `overlaps` counts the
 //! messages whose "inside" flag was not free on entry or not still set on exit;
@@ -54,6 +59,9 @@
 //! used for the critical section with `--cs redis` (and for W3's sequence).
 
 #![forbid(unsafe_code)]
+
+#[path = "common/signals.rs"]
+mod signals;
 
 use std::ffi::OsString;
 use std::io::{BufRead, Write};
@@ -430,6 +438,8 @@ struct Job<'a> {
     o: &'a Options,
     replica: &'a Replica,
     gate: &'a Gate,
+    /// Raised by SIGTERM / SIGINT: stop as at the deadline.
+    stop: &'a AtomicBool,
     t: u64,
 }
 
@@ -454,7 +464,7 @@ impl Job<'_> {
         work: impl FnOnce(&mut WorkerOut) -> Option<u64>,
     ) -> Round {
         let wait = deadline.saturating_duration_since(Instant::now());
-        if wait.is_zero() {
+        if wait.is_zero() || signals::raised(self.stop) {
             return Round::Deadline;
         }
         let t_req = now_ns();
@@ -639,6 +649,22 @@ fn write_atomically(path: &std::path::Path, value: &serde_json::Value) -> Result
 }
 
 /// Waits for the line `GO` on stdin.
+/// Waits for `GO` on stdin (read on a thread of its own) or a signal, whichever comes
+/// first.
+fn wait_for_go_or_signal(signal: &crossbeam_channel::Receiver<i32>) -> Result<(), String> {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    std::thread::Builder::new()
+        .name("stdin".into())
+        .spawn(move || {
+            let _ = tx.send(wait_for_go());
+        })
+        .map_err(|e| format!("cannot spawn the stdin thread: {e}"))?;
+    crossbeam_channel::select! {
+        recv(rx) -> got => got.unwrap_or_else(|_| Err("the stdin thread ended".into())),
+        recv(signal) -> sig => Err(format!("stopped by signal {} before GO", sig.unwrap_or(0))),
+    }
+}
+
 fn wait_for_go() -> Result<(), String> {
     let stdin = std::io::stdin();
     let mut line = String::new();
@@ -675,6 +701,8 @@ fn run(o: &Options) -> Result<(), String> {
     };
     let replica = Replica::start(format!("r{}", o.replica), coordinator)
         .map_err(|e| format!("replica: {e}"))?;
+    let stop = signals::flag_on_signal().map_err(|e| format!("signal handler: {e}"))?;
+    let signal = signals::channel_on_signal().map_err(|e| format!("signal handler: {e}"))?;
 
     // W1 has no critical section; W3 always counts its sequence somewhere.
     let mem_chats = match (o.workload, o.cs) {
@@ -702,6 +730,7 @@ fn run(o: &Options) -> Result<(), String> {
                 o,
                 replica: &replica,
                 gate: &gate,
+                stop: &stop,
                 t,
             };
             let spawned = std::thread::Builder::new()
@@ -715,7 +744,7 @@ fn run(o: &Options) -> Result<(), String> {
                 }
             }
         }
-        let go = say("READY").and_then(|()| wait_for_go());
+        let go = say("READY").and_then(|()| wait_for_go_or_signal(&signal));
         gate.open(
             go.is_ok()
                 .then(|| Instant::now() + Duration::from_millis(o.deadline_ms)),

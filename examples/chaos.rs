@@ -79,6 +79,8 @@ mod proxy;
 mod resp;
 #[path = "common/signals.rs"]
 mod signals;
+#[path = "common/stderr_log.rs"]
+mod stderr_log;
 
 // The replay's modules, shared: the platform, the replica processes, the log. The
 // parts only the replay's other modes use are unused here.
@@ -142,6 +144,11 @@ fn main() -> ExitCode {
             }
         };
     }
+    // SIGTERM / SIGINT: the replica processes stop cleanly, then the redis-server.
+    if let Err(e) = signals::stop_children_on_signal("chaos") {
+        eprintln!("chaos: cannot install the signal handler: {e}");
+        return ExitCode::FAILURE;
+    }
     let o = match chaos_args::parse(argv) {
         Ok(Command::Run(o)) => o,
         Ok(Command::Help) => {
@@ -154,7 +161,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match chaos(&o) {
+    let result = chaos(&o);
+    // A signal stop under way ends the process with its own status.
+    signals::park_if_stopping();
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
@@ -239,6 +249,9 @@ fn chaos(o: &ChaosOptions) -> Result<bool, String> {
         write_faults(log, &seen)?;
     }
     let verdict = judge::judge(&finished.drops, &seen, o);
+    if let Some(log) = &o.log {
+        write_unexplained(log, &verdict)?;
+    }
     let summary = judge::summary(&judge::Inputs {
         o,
         finished: &finished,
@@ -275,6 +288,39 @@ struct FaultLine<'a> {
 }
 
 /// Writes the faults beside the log, on the log's clock (µs since the Unix epoch).
+/// One unexplained drop, for the summary and `PATH.unexplained`.
+fn describe_unexplained(u: &judge::Unexplained) -> String {
+    let d = &u.drop;
+    format!(
+        "update_id {} {} on {} (sent at {:.3} s, dropped at {:.3} s{}), during: {}",
+        d.update_id,
+        d.reason,
+        d.replica.as_deref().unwrap_or("-"),
+        d.sent.as_secs_f64(),
+        d.at.as_secs_f64(),
+        if d.redelivered { ", redelivered" } else { "" },
+        if u.during.is_empty() {
+            "no fault".to_owned()
+        } else {
+            u.during.join(", ")
+        }
+    )
+}
+
+/// Every drop no fault explains, one line each, to `PATH.unexplained` (the summary
+/// shows a few).
+fn write_unexplained(log: &std::path::Path, verdict: &judge::Verdict) -> Result<(), String> {
+    let mut path = log.as_os_str().to_owned();
+    path.push(".unexplained");
+    let path = std::path::PathBuf::from(path);
+    let mut text = String::new();
+    for u in &verdict.unexplained {
+        text.push_str(&describe_unexplained(u));
+        text.push('\n');
+    }
+    std::fs::write(&path, text).map_err(|e| format!("--log: cannot write {}: {e}", path.display()))
+}
+
 fn write_faults(log: &std::path::Path, seen: &[Seen]) -> Result<(), String> {
     let mut path = log.as_os_str().to_owned();
     path.push(".faults");
@@ -370,21 +416,7 @@ fn human(o: &ChaosOptions, f: &Finished, v: &judge::Verdict, seen: &[Seen]) -> S
         s.push_str(&format!("  violation    {v}\n"));
     }
     for u in v.unexplained.iter().take(8) {
-        let d = &u.drop;
-        s.push_str(&format!(
-            "  unexplained  update_id {} {} on {} (sent at {:.3} s, dropped at {:.3} s{}), during: {}\n",
-            d.update_id,
-            d.reason,
-            d.replica.as_deref().unwrap_or("-"),
-            d.sent.as_secs_f64(),
-            d.at.as_secs_f64(),
-            if d.redelivered { ", redelivered" } else { "" },
-            if u.during.is_empty() {
-                "no fault".to_owned()
-            } else {
-                u.during.join(", ")
-            }
-        ));
+        s.push_str(&format!("  unexplained  {}\n", describe_unexplained(u)));
     }
     for l in f.silent.iter().take(8) {
         s.push_str(&format!(

@@ -28,6 +28,8 @@
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 
+#[path = "common/signals.rs"]
+mod signals;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -114,7 +116,15 @@ fn main() -> ExitCode {
     if options.child {
         return child();
     }
-    match demo(&options) {
+    // SIGTERM / SIGINT: the replica processes stop cleanly, then the redis-server.
+    if let Err(e) = signals::stop_children_on_signal("leader_demo") {
+        eprintln!("leader_demo: cannot install the signal handler: {e}");
+        return ExitCode::from(2);
+    }
+    let result = demo(&options);
+    // A signal stop under way ends the process with its own status.
+    signals::park_if_stopping();
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
@@ -205,6 +215,7 @@ fn demo(options: &Options) -> Result<bool, String> {
             session: ProviderSession::Leader,
             exclusive: true,
         };
+        signals::park_if_stopping();
         let mut command = Command::new(&exe);
         command.arg("--child");
         ReplicaProcess::spawn(command, &cfg)

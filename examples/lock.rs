@@ -2,11 +2,15 @@
 //!
 //! Two replicas (threads here; processes with a shared backend) take turns on one chat.
 //! Each grant's fencing token is greater than the last, and a crashed replica's chat
-//! comes free once its lease lapses.
+//! comes free once its lease lapses. SIGTERM or SIGINT stops it cleanly between two
+//! turns: the turn just taken is released, both replicas shut down.
 //!
 //! ```sh
 //! cargo run --example lock
 //! ```
+
+#[path = "common/signals.rs"]
+mod signals;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,9 +23,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let coordinator = Arc::new(MemoryCoordinator::with_settings(ttl, DEFAULT_DEDUP_WINDOW));
     let a = Replica::start("a", coordinator.clone())?;
     let b = Replica::start("b", coordinator.clone())?;
+    let stop = signals::flag_on_signal()?;
+    let stopped = |a: Replica, b: Replica| {
+        eprintln!("lock: signal: stopping cleanly");
+        a.shutdown();
+        b.shutdown();
+        Ok(())
+    };
 
-    for round in 0..3 {
+    'rounds: for round in 0..3 {
         for r in [&a, &b] {
+            if signals::raised(&stop) {
+                break 'rounds;
+            }
             let turn = r.acquire_timeout("chat-1", Duration::from_secs(5))?;
             println!(
                 "round {round}: {} holds chat-1 with fencing token {} (previous holder: {:?})",
@@ -33,6 +47,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
 
+    if signals::raised(&stop) {
+        return stopped(a, b);
+    }
     // Replica `a` takes the chat and crashes without releasing it.
     let held = a.acquire_timeout("chat-1", Duration::from_secs(5))?;
     let token = held.fencing_token();

@@ -43,8 +43,14 @@ fn main() -> ExitCode {
     };
     let result = match value("--replica") {
         Some(id) => replica(&id, value("--redis-url"), value("--key-prefix")),
-        None => demo(value("--redis-url")),
+        None => match signals::stop_children_on_signal("order_bot") {
+            // SIGTERM / SIGINT: the replica processes stop cleanly, then the redis-server.
+            Ok(()) => demo(value("--redis-url")),
+            Err(e) => Err(format!("cannot install the signal handler: {e}")),
+        },
     };
+    // A signal stop under way ends the process with its own status.
+    signals::park_if_stopping();
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
@@ -198,6 +204,7 @@ struct Platform {
 
 impl Platform {
     fn start(&mut self, id: &str) -> Result<(), String> {
+        signals::park_if_stopping();
         let mut child = Command::new(&self.exe)
             .args(["--replica", id, "--redis-url", &self.url])
             .args(["--key-prefix", &self.prefix])

@@ -118,6 +118,8 @@ mod common;
 mod data;
 #[path = "common/signals.rs"]
 mod signals;
+#[path = "common/stderr_log.rs"]
+mod stderr_log;
 // The platform of replica processes is shared with the chaos example, which uses the
 // parts of it that only fault injection needs.
 #[allow(dead_code)]
@@ -168,6 +170,11 @@ fn main() -> ExitCode {
     if let Some(name) = &options.child_replica {
         return child::run(&options, name);
     }
+    // SIGTERM / SIGINT: the replica processes stop cleanly, then any redis-server.
+    if let Err(e) = signals::stop_children_on_signal("replay") {
+        eprintln!("replay: cannot install the signal handler: {e}");
+        return ExitCode::FAILURE;
+    }
     let redis = RedisSettings::of(&options);
     let before = match redis.as_ref().filter(|_| options.redis_stats) {
         Some(settings) => match redis_stats::take(&settings.url) {
@@ -187,6 +194,8 @@ fn main() -> ExitCode {
         (Ok(summary), Some(before), Some(settings)) => with_cost(summary, &before, settings),
         (result, _, _) => result,
     };
+    // A signal stop under way ends the process with its own status.
+    signals::park_if_stopping();
     match result {
         Ok(summary) => {
             let record = if options.json {

@@ -220,7 +220,8 @@ pub struct MeshView {
     pub replicas: Vec<ReplicaId>,
     /// Provider leaderships, by provider id.
     pub leaders: Vec<LeaderView>,
-    /// The limit was reached: there may be more chats than listed.
+    /// The limit was reached, or the backend stopped looking (Redis: after 100,000
+    /// keys per scan): there may be more chats, or leaders, than listed.
     pub truncated: bool,
 }
 
@@ -360,7 +361,10 @@ pub trait Coordinator: Send + Sync + 'static {
     /// TTL and keeps the listed waiting tickets (and the replica) alive, and doubles as
     /// the safety re-check: expired holders are replaced first (so a crashed holder's
     /// chat moves on), and each waiting ticket's state is reported. Grants made to
-    /// other replicas on the way are pushed to them.
+    /// other replicas on the way are pushed to them. A waiting ticket found granted
+    /// has its lease extended to at least one TTL from the call (its replica is
+    /// alive, and is about to use it), so the caller may count it from the call's
+    /// send time, as a renewal.
     ///
     /// # Errors
     /// [`BackendError`] when the backend cannot be reached.

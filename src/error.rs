@@ -52,8 +52,8 @@ impl fmt::Display for Reason {
 ///
 /// | reason | `handler_started` | what ran | what to do |
 /// | --- | --- | --- | --- |
-/// | `timeout`, `shutting_down`, `backend` at intake | false | nothing | redeliver (a platform retry does it; a redelivery with the same id is not a duplicate) |
-/// | `lost` | false | nothing: the lease was gone before the handler was called | redeliver |
+/// | `timeout`, `shutting_down`, `backend` at intake | false | nothing | redeliver: when `deliver` returned the error, the platform's retry does it (answer non-2xx); when it came later through the hooks, the platform already got its 2xx, so redeliver it yourself (a redelivery with the same id is not a duplicate) |
+/// | `lost` | false | nothing: the lease was gone before the handler was called | redeliver it yourself from the hook (the platform saw it accepted) |
 /// | `lost` | true | the handler ran to its end, but the lease was found lost when the turn was released: its replies may be out, and another replica may have run later messages of the chat meanwhile | redeliver only if the handler is idempotent (fencing tokens refuse its stale writes); otherwise log it |
 /// | `backend` | true | the handler ran; the release could not reach the coordinator (the lease lapses by TTL) | as for `lost` with the handler started |
 /// | `invalid` | false | nothing: refused at intake | fix the input; a retry fails the same way |

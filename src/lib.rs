@@ -76,10 +76,12 @@
 //! | 8 | `flow/` | the flow builder and what a step sees |
 //! | 9 | `conversation/` | the flow engine: routing, steps, checkpoints, handover |
 //! | 10 | `bot/` | the runtime: builder, scheduler, workers, handler context |
-//! | 11 | `ffi` | the C ABI (feature `ffi`) |
+//! | 11 | `telegram/` | the Telegram Bot API transport (feature `telegram`): long polling, webhooks, replies |
+//! | 12 | `ffi` | the C ABI (feature `ffi`) |
 //!
-//! Every public type has one path: the crate root. Only the Redis backend keeps a
-//! namespace of its own ([`redis`]), for its options and coordinator.
+//! Every public type has one path: the crate root. Only the Redis backend and the
+//! Telegram transport keep a namespace of their own (`redis`, `telegram`), for their
+//! options and types.
 #![deny(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![deny(clippy::unwrap_used)]
@@ -110,6 +112,9 @@ mod conversation;
 
 mod bot;
 
+#[cfg(feature = "telegram")]
+pub mod telegram;
+
 #[cfg(feature = "ffi")]
 pub mod ffi;
 
@@ -134,7 +139,8 @@ pub use memory::MemoryCoordinator;
 pub use message::{MAX_CHAT_ID_BYTES, MAX_MESSAGE_ID_BYTES, Message, Outcome};
 pub use metrics::{MetricsSnapshot, WAIT_BUCKETS};
 pub use provider::{
-    Capabilities, CloseReason, Provider, ProviderError, Session, Status, StatusSender,
+    ButtonAction, Capabilities, CloseReason, Fence, InlineButton, Keyboard, Provider,
+    ProviderError, Reply, Session, Status, StatusSender,
 };
 pub use replica::{Accepted, Replica, Turn};
 

@@ -1,55 +1,116 @@
-//! The C ABI: builds the cdylib the documented way, compiles the C example against
-//! `include/botmesh.h` with the system C compiler, and runs it; checks that the
-//! header's codes are the Rust ones.
+//! The C ABI: builds the cdylib the documented way, compiles the C examples against
+//! `include/botmesh.h` with the system C compiler and runs them, runs the Python
+//! `ctypes` demo against the same library; checks that the header's codes are the
+//! Rust ones.
 #![cfg(feature = "ffi")]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
-use botmesh::ffi::{OUTCOME_CODES, STATUS_CODES};
+use botmesh::ffi::{OUTCOME_CODES, SESSION_CODES, STATUS_CODES};
 
-#[test]
-fn the_c_example_compiles_and_runs() {
+/// The cdylib, built once for all the tests here the documented way (`cargo rustc
+/// --features ffi --crate-type cdylib --lib`), in a target directory of its own (the
+/// outer `cargo test` may hold the main one). Returns the directory holding it.
+fn cdylib() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let target = root.join("target").join("ffi-test");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let built = Command::new(cargo)
+            .current_dir(&root)
+            .env("CARGO_TARGET_DIR", &target)
+            .args([
+                "rustc",
+                "--features",
+                "ffi",
+                "--crate-type",
+                "cdylib",
+                "--lib",
+            ])
+            .status()
+            .expect("run cargo rustc");
+        assert!(built.success(), "building the cdylib failed");
+        target.join("debug")
+    })
+}
+
+/// Compiles `examples/c/<name>.c` against `include/botmesh.h` with the system C
+/// compiler (warnings are errors, as in CI), runs it, and checks that it exits 0 and
+/// prints `"ok":true`.
+fn compile_and_run(name: &str) {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    // A target directory of its own: the outer `cargo test` may hold the main one.
-    let target = root.join("target").join("ffi-test");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let built = Command::new(cargo)
-        .current_dir(&root)
-        .env("CARGO_TARGET_DIR", &target)
-        .args([
-            "rustc",
-            "--features",
-            "ffi",
-            "--crate-type",
-            "cdylib",
-            "--lib",
-        ])
-        .status()
-        .expect("run cargo rustc");
-    assert!(built.success(), "building the cdylib failed");
-    let lib_dir = target.join("debug");
-    let exe = target.join("echo");
+    let lib_dir = cdylib();
+    let exe = lib_dir.join(format!("c-{name}"));
+    let source = format!("examples/c/{name}.c");
     let compiled = Command::new("cc")
         .current_dir(&root)
         .args(["-Wall", "-Wextra", "-Werror", "-o"])
         .arg(&exe)
-        .arg("examples/c/echo.c")
+        .arg(&source)
         .arg("-Iinclude")
         .arg(format!("-L{}", lib_dir.display()))
         .args(["-lbotmesh", "-lpthread"])
         .status()
         .expect("run cc (is a C compiler installed?)");
-    assert!(compiled.success(), "compiling examples/c/echo.c failed");
+    assert!(compiled.success(), "compiling {source} failed");
     let out = Command::new(&exe)
-        .env("LD_LIBRARY_PATH", &lib_dir)
+        .env("LD_LIBRARY_PATH", lib_dir)
         .output()
         .expect("run the C example");
     let stdout = String::from_utf8_lossy(&out.stdout);
     eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "the C example failed: {stdout}");
+    assert!(out.status.success(), "{source} failed: {stdout}");
     assert!(stdout.contains("\"ok\":true"), "{stdout}");
+}
+
+#[test]
+fn the_c_example_compiles_and_runs() {
+    compile_and_run("echo");
+}
+
+/// A C transport registered on two replicas: only the leader's starts, replies go
+/// through it, a clean stop hands it to the standby with a greater token; the
+/// metrics text shows the leader gauge.
+#[test]
+fn the_c_transport_example_runs_under_leadership() {
+    compile_and_run("leader");
+}
+
+/// The Python `ctypes` demo against the same cdylib: a handler written in Python, a
+/// transport started on the leader, the metrics text, a clean stop.
+#[test]
+fn the_python_ctypes_demo_runs() {
+    let python = match Command::new("python3").arg("--version").output() {
+        Ok(out) if out.status.success() => "python3",
+        _ => {
+            eprintln!("SKIPPED the_python_ctypes_demo_runs: python3 is not installed");
+            return;
+        }
+    };
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let lib = cdylib().join(format!(
+        "{}botmesh{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    ));
+    let out = Command::new(python)
+        .current_dir(&root)
+        .arg("examples/python/echo_bot.py")
+        .arg(&lib)
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the Python demo failed: {stdout}");
+    assert!(stdout.contains("\"ok\":true"), "{stdout}");
+    assert!(
+        stdout.contains("botmesh_leader_election_master_status{name=\"py-phone\"} 1"),
+        "{stdout}"
+    );
 }
 
 /// The integer `#define`s and enumerators (`NAME = value`) named `BOTMESH_*` in a C
@@ -94,15 +155,19 @@ fn header_codes_match_the_rust_ones() {
     let mut problems = Vec::new();
 
     let mut rust = BTreeMap::new();
-    for (table, codes, outcome) in [
-        ("STATUS_CODES", STATUS_CODES, false),
-        ("OUTCOME_CODES", OUTCOME_CODES, true),
+    // Each table's names carry its prefix, and no other table's.
+    let prefixes = ["BOTMESH_OUTCOME_", "BOTMESH_SESSION_"];
+    for (table, codes, prefix) in [
+        ("STATUS_CODES", STATUS_CODES, None),
+        ("OUTCOME_CODES", OUTCOME_CODES, Some(prefixes[0])),
+        ("SESSION_CODES", SESSION_CODES, Some(prefixes[1])),
     ] {
         let mut values = BTreeSet::new();
         for &(name, value) in codes {
-            if name.starts_with("BOTMESH_OUTCOME_") != outcome {
+            let has = prefixes.iter().copied().find(|p| name.starts_with(p));
+            if has != prefix {
                 problems.push(format!(
-                    "{table} holds {name}, which belongs to the other table"
+                    "{table} holds {name}, which belongs to another table"
                 ));
             }
             if !values.insert(value) {

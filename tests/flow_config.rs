@@ -142,3 +142,52 @@ fn keywords_before_catch_all_and_capture_end() {
     let sent: Vec<String> = sent.try_iter().map(|(_, _, text)| text).collect();
     assert_eq!(sent, ["name?", "fallback"]);
 }
+
+/// A bot fed through its intake (a webhook endpoint of its own) builds flows with a
+/// sender and no provider: answers and prompts (keyboards included) reach the sender,
+/// fenced by the turn.
+#[test]
+fn flows_build_with_a_sender_and_no_provider() {
+    let (sent_tx, sent) = crossbeam_channel::unbounded();
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let size = botmesh::Reply::new("size?").with_keyboard(botmesh::Keyboard::reply([["S", "M"]]));
+    let bot = Bot::builder()
+        .workers(1)
+        .sender(move |chat, reply, fence| {
+            assert!(fence.is_live() && fence.token().is_some());
+            let _ = sent_tx.send((chat.to_owned(), reply.clone()));
+            Ok(())
+        })
+        .flow(
+            Flow::new("order")
+                .keywords(["order"])
+                .ask_for("size", size)
+                .answer("ok"),
+        )
+        .on_outcome(move |_, _| {
+            let _ = tx.send(());
+        })
+        .build()
+        .expect("flows with a sender build");
+    for text in ["order", "M"] {
+        bot.intake().deliver(Message::new("c", text)).expect("in");
+        rx.recv_timeout(Duration::from_secs(20)).expect("ended");
+    }
+    bot.shutdown();
+    let sent: Vec<(String, botmesh::Reply)> = sent.try_iter().collect();
+    assert_eq!(sent.len(), 2);
+    assert_eq!(
+        (sent[0].0.as_str(), sent[0].1.text.as_str()),
+        ("c", "size?")
+    );
+    assert!(sent[0].1.keyboard.is_some());
+    assert_eq!(sent[1].1.text, "ok");
+    // Neither a provider nor a sender: still refused, naming both ways out.
+    match Bot::builder().flow(Flow::new("a").answer("x")).build() {
+        Err(e) => assert!(e.to_string().contains(".sender("), "{e}"),
+        Ok(b) => {
+            b.shutdown();
+            panic!("a bot with flows and nothing to send with was built")
+        }
+    }
+}

@@ -142,3 +142,44 @@ fn shutdown_drains_then_refuses() {
     assert_eq!(refused.reason, botmesh::Reason::ShuttingDown);
     let _ = Error::Coordination(refused).to_string();
 }
+
+/// Without coordination there is no renewal thread. A second delivery of a message id
+/// while the first one still runs waits for it (it may not run twice) and must still
+/// end: once the first was handled, as a duplicate. It once waited forever, and the
+/// bot's stop with it.
+#[test]
+fn local_mode_ends_a_duplicate_delivered_while_the_first_runs() {
+    let (entered_tx, entered) = unbounded::<()>();
+    let (go, go_rx) = unbounded::<()>();
+    let (ended_tx, ended) = unbounded::<String>();
+    let bot = Bot::builder()
+        .workers(2)
+        .handler(move |_ctx| {
+            let _ = entered_tx.send(());
+            let _ = go_rx.recv();
+            Ok(())
+        })
+        .on_outcome(move |_m, outcome| {
+            let how = match outcome {
+                Outcome::Handled { .. } => "handled",
+                Outcome::Duplicate => "duplicate",
+                _ => "other",
+            };
+            let _ = ended_tx.send(how.to_owned());
+        })
+        .build()
+        .expect("bot");
+    let first = Message::new("chat", "hi").with_id("m1");
+    bot.intake().deliver(first.clone()).expect("first");
+    entered.recv().expect("the first runs");
+    // While it runs, the same id again: taken in, waiting for the first.
+    let second = bot.intake().deliver(first).expect("second");
+    assert_eq!(second, botmesh::Accepted::Queued);
+    go.send(()).expect("let the first finish");
+    // A hang guard, not a speed check: before the fix the second never ended.
+    let end = || ended.recv_timeout(Duration::from_secs(60));
+    let mut ends = vec![end().expect("first end"), end().expect("second end")];
+    ends.sort();
+    assert_eq!(ends, ["duplicate", "handled"]);
+    bot.shutdown();
+}

@@ -116,7 +116,7 @@ impl Out {
 }
 
 fn serve(o: &Options, name: &str) -> Result<(), String> {
-    StderrLog::install(name);
+    crate::stderr_log::StderrLog::install(name, None);
     let settings =
         RedisSettings::of(o).ok_or("a replica process needs --backend redis and the Redis URL")?;
     if o.key_prefix.is_none() {
@@ -326,53 +326,4 @@ fn ended(out: &Out, replica: &str, message: &Message, outcome: &Outcome) {
         index: delivery.index,
         how,
     });
-}
-
-/// botmesh's log records on stderr, for looking into a run: off unless the
-/// environment variable `BOTMESH_LOG` names a level (`warn`, `info`, `debug`), which
-/// the parent's environment passes on to every replica.
-struct StderrLog {
-    name: String,
-    level: log::LevelFilter,
-}
-
-impl StderrLog {
-    fn install(name: &str) {
-        let Some(level) = std::env::var("BOTMESH_LOG")
-            .ok()
-            .and_then(|v| v.parse::<log::LevelFilter>().ok())
-        else {
-            return;
-        };
-        let logger = Box::new(StderrLog {
-            name: name.to_owned(),
-            level,
-        });
-        if log::set_logger(Box::leak(logger)).is_ok() {
-            log::set_max_level(level);
-        }
-    }
-}
-
-impl log::Log for StderrLog {
-    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
-        metadata.level() <= self.level
-    }
-
-    fn log(&self, record: &log::Record<'_>) {
-        if self.enabled(record.metadata()) {
-            let at_us = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_micros());
-            eprintln!(
-                "{at_us} {} {} {}: {}",
-                self.name,
-                record.level(),
-                record.target(),
-                record.args()
-            );
-        }
-    }
-
-    fn flush(&self) {}
 }

@@ -63,7 +63,20 @@ pub fn spawn(
 ) -> Result<Replica, String> {
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find this program to start replica {name}: {e}"))?;
+    // A part file left by an earlier run with the same --log path (one interrupted
+    // before it could merge and remove them) would be merged into this one's record.
+    match std::fs::remove_file(part) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(format!(
+                "cannot remove the stale part file {}: {e}",
+                part.display()
+            ));
+        }
+    }
     let ms = |d: Duration| format!("{}ms", d.as_millis());
+    crate::signals::park_if_stopping();
     let mut command = Command::new(exe);
     command
         .arg("--child-replica")

@@ -20,7 +20,7 @@ use crate::memory::MemoryCoordinator;
 use crate::message::{Message, Outcome};
 use crate::metrics::Metrics;
 use crate::provider::leadership::{Gated, LeaderState, Leadership};
-use crate::provider::{Provider, ProviderError, Session, StatusSender};
+use crate::provider::{Fence, Provider, ProviderError, Reply, Session, StatusSender};
 use crate::replica::{Replica, default_drift};
 
 /// A provider to start, with its leadership state when it runs in leader mode.
@@ -92,6 +92,41 @@ pub struct BotBuilder {
     on_outcome: Option<OutcomeHook>,
     providers: Vec<Arc<dyn Provider>>,
     flows: Vec<Flow>,
+    /// Where replies go when no provider carries them (messages from a webhook).
+    sender: Option<Arc<dyn Provider>>,
+}
+
+/// A reply function as a provider the runtime never starts: what
+/// [`BotBuilder::sender`] wraps, so handlers and flows send the same way either way.
+struct SendOnly<F>(F);
+
+impl<F> Provider for SendOnly<F>
+where
+    F: Fn(&str, &Reply, &Fence<'_>) -> Result<(), ProviderError> + Send + Sync,
+{
+    fn id(&self) -> &str {
+        "sender"
+    }
+    fn start(&self, _: Session) -> Result<(), ProviderError> {
+        Ok(())
+    }
+    fn stop(&self) {}
+    fn send(&self, chat: &str, text: &str) -> Result<(), ProviderError> {
+        (self.0)(chat, &Reply::new(text), &Fence::none())
+    }
+    fn send_reply(
+        &self,
+        chat: &str,
+        reply: &Reply,
+        fence: &Fence<'_>,
+    ) -> Result<(), ProviderError> {
+        if !fence.is_live() {
+            return Err(ProviderError(format!(
+                "send refused: the turn on chat {chat:?} is no longer held"
+            )));
+        }
+        (self.0)(chat, reply, fence)
+    }
 }
 
 impl std::fmt::Debug for BotBuilder {
@@ -138,6 +173,11 @@ impl BotBuilder {
     }
 
     /// The error hook: every dropped message and failed handler, once.
+    ///
+    /// Like [`on_outcome`](Self::on_outcome) it runs wherever a message ends: on a
+    /// worker, on botmesh's renewal, timer or subscriber thread, or inside
+    /// `Intake::deliver`. Keep hooks short (hand slow work to a channel): a hook that
+    /// blocks on the renewal thread delays every lease's renewal, and may lose them.
     pub fn on_error<F>(mut self, hook: F) -> Self
     where
         F: Fn(&Error) + Send + Sync + 'static,
@@ -146,7 +186,8 @@ impl BotBuilder {
         self
     }
 
-    /// The outcome hook: every accepted message, once, when it ends.
+    /// The outcome hook: every accepted message, once, when it ends. It runs on the
+    /// thread where the message ended (see [`on_error`](Self::on_error)): keep it short.
     pub fn on_outcome<F>(mut self, hook: F) -> Self
     where
         F: Fn(&Message, &Outcome) + Send + Sync + 'static,
@@ -173,13 +214,42 @@ impl BotBuilder {
         self
     }
 
+    /// Where handlers' replies and flows' answers and prompts go when no provider
+    /// carries them: a bot fed through [`Bot::intake`] by a webhook endpoint of its own
+    /// needs no transport stub, only this. `send(chat, reply, fence)` is called on the
+    /// worker threads, possibly concurrently, after a fence check; one that retries
+    /// asks [`Fence::is_live`] before every attempt. Ignored when the bot has a
+    /// provider (replies go through the first provider then).
+    ///
+    /// ```
+    /// use botmesh::{Bot, Flow, Message};
+    ///
+    /// let bot = Bot::builder()
+    ///     .sender(|chat, reply, _fence| {
+    ///         println!("to {chat}: {}", reply.text); // your platform's send call
+    ///         Ok(())
+    ///     })
+    ///     .flow(Flow::new("hello").catch_all().answer("Hello!"))
+    ///     .build()?;
+    /// bot.intake().deliver(Message::new("chat-1", "hi"))?;
+    /// bot.shutdown();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sender<F>(mut self, send: F) -> Self
+    where
+        F: Fn(&str, &Reply, &Fence<'_>) -> Result<(), ProviderError> + Send + Sync + 'static,
+    {
+        self.sender = Some(Arc::new(SendOnly(send)));
+        self
+    }
+
     /// Validates the settings, attaches to the coordinator, starts the threads and
     /// the providers (shared ones directly; leader-mode ones begin campaigning for
     /// their leadership, and start once this replica wins it).
     ///
     /// # Errors
     /// [`StartError::Config`] for a missing handler (without flows), zero workers, two
-    /// providers with one id, flows without a provider, an invalid coordination config,
+    /// providers with one id, flows without a provider or sender, an invalid coordination config,
     /// or invalid flows (a duplicate name, a `goto` to no flow, a `goto` cycle without
     /// a wait, a keyword with no letter or digit, `settle` of 0); [`StartError::Backend`]
     /// when the coordinator cannot be reached or a thread cannot be spawned;
@@ -189,10 +259,11 @@ impl BotBuilder {
     /// steps down after `provider_down`.
     pub fn build(self) -> Result<Bot, StartError> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        if !self.flows.is_empty() && self.providers.is_empty() {
+        if !self.flows.is_empty() && self.providers.is_empty() && self.sender.is_none() {
             return Err(StartError::Config(ConfigError::new(
-                "provider: missing; flows send their answers and prompts through a provider, \
-                 add one with .provider(…)",
+                "provider: missing; flows send their answers and prompts through a provider \
+                 or a sender: add one with .provider(…), or .sender(…) when messages come \
+                 through the intake (webhooks)",
             )));
         }
         if self.handler.is_none() && self.flows.is_empty() {
@@ -290,13 +361,16 @@ impl BotBuilder {
             on_error: self.on_error,
             on_outcome: self.on_outcome,
             // Replies through a leader-mode provider pass its leadership gate.
-            provider: plans.first().map(|(p, state)| match state {
-                Some(state) => Arc::new(Gated {
-                    inner: p.clone(),
-                    state: state.clone(),
-                }) as Arc<dyn Provider>,
-                None => p.clone(),
-            }),
+            provider: plans
+                .first()
+                .map(|(p, state)| match state {
+                    Some(state) => Arc::new(Gated {
+                        inner: p.clone(),
+                        state: state.clone(),
+                    }) as Arc<dyn Provider>,
+                    None => p.clone(),
+                })
+                .or(self.sender),
             metrics,
             sched: Mutex::new(Sched::default()),
             work_cv: Condvar::new(),
@@ -312,11 +386,10 @@ impl BotBuilder {
                 "cannot spawn a thread: {e}"
             ))));
         }
-        // Settle cuts and delays go through the replica's timer, which a replica
-        // without coordination does not start by itself.
-        if shared.flows.is_some()
-            && let Some(Err(e)) = parts.replica.as_ref().map(Replica::start_timer)
-        {
+        // Settle cuts and delays, and the re-asking of in-flight duplicates, go
+        // through the replica's timer, which a replica without coordination does not
+        // start by itself.
+        if let Some(Err(e)) = parts.replica.as_ref().map(Replica::start_timer) {
             parts.stop_workers(&shared);
             return Err(StartError::Backend(e));
         }
@@ -376,6 +449,7 @@ impl Bot {
             on_outcome: None,
             providers: Vec::new(),
             flows: Vec::new(),
+            sender: None,
         }
     }
 }

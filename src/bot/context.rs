@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, HandlerError};
 use crate::message::{Message, Outcome};
-use crate::provider::{Provider, ProviderError};
+use crate::provider::{Fence, Provider, ProviderError, Reply};
 use crate::replica::Turn;
 
 /// The message handler: runs once per message, under the chat's turn, on a worker.
@@ -55,15 +55,29 @@ impl Context<'_> {
     /// leader mode and this replica does not hold a live leadership of it, or when the
     /// transport fails.
     pub fn reply(&self, text: &str) -> Result<(), ProviderError> {
+        self.reply_with(&Reply::new(text))
+    }
+
+    /// Sends a [`Reply`] (a text with an optional keyboard) to the message's chat,
+    /// fenced by the turn: a transport that retries (rate limits, server errors) stops
+    /// retrying once the turn's lease is lost.
+    ///
+    /// # Errors
+    /// As [`Context::reply`].
+    pub fn reply_with(&self, reply: &Reply) -> Result<(), ProviderError> {
         if self.turn.is_lost() {
             return Err(ProviderError(format!(
                 "send refused: the turn on chat {:?} was lost",
                 self.message.chat
             )));
         }
+        let held = || !self.turn.is_lost();
+        let fence = Fence::new(&held, Some(self.turn.fencing_token()));
         match self.provider {
-            Some(p) => p.send(&self.message.chat, text),
-            None => Err(ProviderError("the bot has no provider to send with".into())),
+            Some(p) => p.send_reply(&self.message.chat, reply, &fence),
+            None => Err(ProviderError(
+                "the bot has no provider or sender to send with".into(),
+            )),
         }
     }
 

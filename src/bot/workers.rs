@@ -23,7 +23,7 @@ use crate::flow::State;
 use crate::intake::{Admit, InBot};
 use crate::message::{Message, Outcome};
 use crate::metrics::{Metrics, inc};
-use crate::provider::{Provider, ProviderError};
+use crate::provider::{Fence, Provider, ProviderError, Reply};
 use crate::replica::{Accepted, Inner, NoTurn, OnGrant, Turn};
 
 /// Work a replacement worker does before it joins the pool.
@@ -285,13 +285,16 @@ impl Shared {
         (failure, ctx.start.into_inner())
     }
 
-    /// Sends `text` to `chat` through the bot's provider. A panicking provider is
-    /// reported as an error, so that the worker and the message's end survive it.
-    fn send(&self, chat: &str, text: &str) -> Result<(), ProviderError> {
+    /// Sends `reply` to `chat` through the bot's provider (or sender) under `fence`.
+    /// A panicking provider is reported as an error, so that the worker and the
+    /// message's end survive it.
+    fn send(&self, chat: &str, reply: &Reply, fence: &Fence<'_>) -> Result<(), ProviderError> {
         let Some(p) = &self.provider else {
-            return Err(ProviderError("the bot has no provider to send with".into()));
+            return Err(ProviderError(
+                "the bot has no provider or sender to send with".into(),
+            ));
         };
-        catch_unwind(AssertUnwindSafe(|| p.send(chat, text)))
+        catch_unwind(AssertUnwindSafe(|| p.send_reply(chat, reply, fence)))
             .unwrap_or_else(|panic| Err(ProviderError(panic_text("the provider's send", &panic))))
     }
 
@@ -344,7 +347,9 @@ impl Shared {
                                 "send refused: the turn on chat {chat:?} was lost"
                             )))
                         } else {
-                            self.send(&chat, &retry)
+                            let held = || !turn.is_lost();
+                            let fence = Fence::new(&held, Some(token));
+                            self.send(&chat, &Reply::new(retry), &fence)
                         };
                         if let Err(e) = sent {
                             log::warn!(target: "botmesh::conversation", "chat {chat:?}: send failed: {e}");
@@ -415,19 +420,23 @@ impl Shared {
                 }),
             );
         }
-        let outbox = |text: &str| -> Result<(), ProviderError> {
+        // Asked before every attempt of a send, retries included.
+        let held_live = || {
             let held = slot
                 .inner
                 .lock()
                 .turn
                 .as_ref()
                 .is_some_and(|t| !t.is_lost());
-            if !held || slot.control.is_cancelled() {
+            held && !slot.control.is_cancelled()
+        };
+        let outbox = |reply: &Reply| -> Result<(), ProviderError> {
+            if !held_live() {
                 return Err(ProviderError(format!(
                     "send refused: the turn on chat {chat:?} was lost or the step was stopped"
                 )));
             }
-            self.send(&chat, text)
+            self.send(&chat, reply, &Fence::new(&held_live, Some(token)))
         };
         let schedule_wake = |at: u64| {
             let now = now_ms();

@@ -11,7 +11,7 @@ use super::checkpoint::Conversation;
 use crate::coordinator::{BackendError, Token};
 use crate::flow::{Cancelled, StepRun};
 use crate::message::Message;
-use crate::provider::ProviderError;
+use crate::provider::{ProviderError, Reply};
 use crate::replica::Turn;
 
 /// The cancellation flag of one run of steps, with the condvar its sleeps wait on.
@@ -106,12 +106,12 @@ pub(crate) struct Run<'a> {
     pub(crate) token: Token,
     pub(crate) slot: &'a RunSlot,
     pub(crate) store: &'a dyn CheckpointStore,
-    pub(crate) outbox: &'a dyn Fn(&str) -> Result<(), ProviderError>,
+    pub(crate) outbox: &'a dyn Fn(&Reply) -> Result<(), ProviderError>,
     pub(crate) schedule_wake: &'a dyn Fn(u64),
 }
 
-pub(crate) fn send_logged(run: &Run<'_>, chat: &str, text: &str) {
-    if let Err(e) = (run.outbox)(text) {
+pub(crate) fn send_logged(run: &Run<'_>, chat: &str, reply: &Reply) {
+    if let Err(e) = (run.outbox)(reply) {
         log::warn!(target: "botmesh::conversation", "chat {chat:?}: send failed: {e}");
     }
 }

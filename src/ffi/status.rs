@@ -35,6 +35,9 @@ codes! {
         BOTMESH_SEND_FAILED = 6,
         /// Rust code panicked; the message says where. Nothing was unwound into C.
         BOTMESH_PANIC = 7,
+        /// A transport started when the bot was built (shared mode, or no
+        /// coordination) failed to start; the bot was not started.
+        BOTMESH_PROVIDER = 8,
     }
 }
 
@@ -51,5 +54,27 @@ codes! {
         BOTMESH_OUTCOME_DROPPED = 2,
         /// A duplicate of a message id seen recently.
         BOTMESH_OUTCOME_DUPLICATE = 3,
+    }
+}
+
+codes! {
+    /// Every session status a C transport reports with `botmesh_session_report`, as
+    /// (name in `botmesh.h`, value).
+    SESSION_CODES {
+        /// Connecting or reconnecting (`Status::Connecting`): does not end a closed
+        /// period.
+        BOTMESH_SESSION_CONNECTING = 0,
+        /// The session is live: messages flow (`Status::Open`).
+        BOTMESH_SESSION_OPEN = 1,
+        /// Closed because another session of the account connected (WhatsApp's
+        /// "replaced", Telegram's `409 Conflict`): counted as a provider conflict.
+        BOTMESH_SESSION_REPLACED = 2,
+        /// Closed because the platform refused this session's fencing token: this
+        /// replica was deposed.
+        BOTMESH_SESSION_FENCED = 3,
+        /// Logged out or credentials revoked.
+        BOTMESH_SESSION_LOGGED_OUT = 4,
+        /// Closed for any other reason (the detail text says which).
+        BOTMESH_SESSION_CLOSED = 5,
     }
 }

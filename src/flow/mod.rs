@@ -9,7 +9,7 @@ use unicode_normalization::UnicodeNormalization;
 
 use crate::error::HandlerError;
 use crate::message::Message;
-use crate::provider::ProviderError;
+use crate::provider::{ProviderError, Reply};
 
 /// A conversation's state: a JSON object, saved in checkpoints.
 pub type State = Map<String, Value>;
@@ -93,7 +93,7 @@ pub struct StepContext<'a> {
     pub(crate) chat: &'a str,
     pub(crate) state: &'a mut State,
     pub(crate) run: &'a dyn StepRun,
-    pub(crate) outbox: &'a dyn Fn(&str) -> Result<(), ProviderError>,
+    pub(crate) outbox: &'a dyn Fn(&Reply) -> Result<(), ProviderError>,
 }
 
 impl fmt::Debug for StepContext<'_> {
@@ -139,13 +139,22 @@ impl StepContext<'_> {
     /// [`ProviderError`] when the step was stopped, the chat's turn was lost, the bot
     /// has no provider, or the transport fails.
     pub fn send(&self, text: &str) -> Result<(), ProviderError> {
+        self.send_reply(&Reply::new(text))
+    }
+
+    /// Sends a [`Reply`] (a text with an optional keyboard) to the chat; a transport
+    /// that retries stops once the step is stopped or the turn lost.
+    ///
+    /// # Errors
+    /// As [`StepContext::send`].
+    pub fn send_reply(&self, reply: &Reply) -> Result<(), ProviderError> {
         if self.is_cancelled() {
             return Err(ProviderError(format!(
                 "send refused: the step on chat {:?} was stopped",
                 self.chat
             )));
         }
-        (self.outbox)(text)
+        (self.outbox)(reply)
     }
 
     /// Sleeps for `duration`, waking early when the step is stopped (at once for a
@@ -174,8 +183,8 @@ type ActionFn = Arc<dyn Fn(&mut StepContext<'_>) -> Result<(), HandlerError> + S
 
 #[derive(Clone)]
 pub(crate) enum Step {
-    Answer(String),
-    Ask { prompt: String, capture: CaptureFn },
+    Answer(Reply),
+    Ask { prompt: Reply, capture: CaptureFn },
     Action(ActionFn),
     Delay(Duration),
     Goto(String),
@@ -376,16 +385,17 @@ impl Flow {
         self
     }
 
-    /// Sends `text`.
-    pub fn answer(mut self, text: impl Into<String>) -> Self {
+    /// Sends `text` (a `&str`, a `String`, or a [`Reply`] with a keyboard).
+    pub fn answer(mut self, text: impl Into<Reply>) -> Self {
         self.steps.push(Step::Answer(text.into()));
         self
     }
 
-    /// Sends `prompt` and waits for the chat's next message; `capture` decides what
-    /// the answer does ([`Capture`]). The capture runs under the answer's turn, on a
-    /// worker; it should be quick.
-    pub fn ask<F>(mut self, prompt: impl Into<String>, capture: F) -> Self
+    /// Sends `prompt` (a text, or a [`Reply`] with a keyboard: the buttons' presses
+    /// come back as the answer) and waits for the chat's next message; `capture`
+    /// decides what the answer does ([`Capture`]). The capture runs under the answer's
+    /// turn, on a worker; it should be quick.
+    pub fn ask<F>(mut self, prompt: impl Into<Reply>, capture: F) -> Self
     where
         F: Fn(&mut Answer<'_>) -> Capture + Send + Sync + 'static,
     {
@@ -398,7 +408,7 @@ impl Flow {
 
     /// Sends `prompt`, waits for the next message and stores its text under `key`
     /// in the state.
-    pub fn ask_for(self, key: impl Into<String>, prompt: impl Into<String>) -> Self {
+    pub fn ask_for(self, key: impl Into<String>, prompt: impl Into<Reply>) -> Self {
         let key = key.into();
         self.ask(prompt, move |answer| {
             let text = answer.text().to_owned();

@@ -99,12 +99,14 @@ impl Dedup {
         }
     }
 
-    /// Claims `id` for `ticket`, unless it was handled within the window or a live
-    /// ticket (by `alive`) holds it unhandled.
+    /// Claims `id` for `ticket` for `claim_for` (the dedup window, or the message's
+    /// wait and a lease when longer: a claim must not lapse under a waiting message),
+    /// unless it was handled within the window or a live ticket (by `alive`) holds it
+    /// unhandled.
     pub(crate) fn claim(
         &mut self,
         now: Instant,
-        window: Duration,
+        claim_for: Duration,
         id: &str,
         ticket: &Ticket,
         alive: impl Fn(&Ticket) -> bool,
@@ -139,7 +141,7 @@ impl Dedup {
                 self.hi = Some(x);
             }
         }
-        let expires = now + window;
+        let expires = now + claim_for;
         self.until = self.until.max(expires);
         let by = ticket.clone();
         match self.ids.get_mut(id) {

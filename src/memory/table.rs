@@ -278,8 +278,15 @@ impl Shard {
                 .or_insert_with(|| ChatState::new(now)),
         };
         if let Some(id) = req.message_id.filter(|_| !env.dedup_window.is_zero()) {
+            // The claim outlives the message's wait and one lease more (see the Redis
+            // backend's enqueue): expired under a waiting message, a redelivery would
+            // run it a second time.
+            let claim_for = env
+                .dedup_window
+                .max(req.wait.saturating_add(env.ttl))
+                .min(FOREVER);
             let mut dedup = std::mem::replace(&mut chat.dedup, Dedup::new(now));
-            let answer = dedup.claim(now, env.dedup_window, id, req.ticket, |t| {
+            let answer = dedup.claim(now, claim_for, id, req.ticket, |t| {
                 chat.ticket_alive(env, t)
             });
             chat.dedup = dedup;
@@ -429,8 +436,12 @@ impl Shard {
         {
             pushes.push((w.chat.to_owned(), g));
         }
-        let state = match chat.holder.as_ref() {
-            Some(h) if &h.ticket == w.ticket => TicketState::Granted(grant_of(h)),
+        let state = match chat.holder.as_mut() {
+            Some(h) if &h.ticket == w.ticket => {
+                // Renewed, as the holder's renewal would (see `Coordinator::renew`).
+                h.lease_until = h.lease_until.max(env.now + env.ttl);
+                TicketState::Granted(grant_of(h))
+            }
             _ if chat.queue.iter().any(|q| &q.ticket == w.ticket) => TicketState::Waiting,
             _ => TicketState::Lapsed,
         };

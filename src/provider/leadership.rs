@@ -42,7 +42,7 @@ use crate::coordinator::Token;
 use crate::intake::Intake;
 use crate::metrics::{Metrics, dec, inc};
 use crate::provider::{
-    Capabilities, CloseReason, Provider, ProviderError, Session, Status, StatusSender,
+    Capabilities, CloseReason, Fence, Provider, ProviderError, Reply, Session, Status, StatusSender,
 };
 use crate::replica::{Inner, OnGrant};
 use crate::replica::{Turn, TurnState, period, provider_lease};
@@ -119,13 +119,34 @@ impl Provider for Gated {
     }
 
     fn send(&self, chat: &str, text: &str) -> Result<(), ProviderError> {
+        self.check()?;
+        self.inner.send(chat, text)
+    }
+
+    fn send_reply(
+        &self,
+        chat: &str,
+        reply: &Reply,
+        fence: &Fence<'_>,
+    ) -> Result<(), ProviderError> {
+        self.check()?;
+        // Retries inside the transport ask the leadership again at every attempt.
+        let leads = || self.state.token().is_some();
+        let live = fence.and(&leads);
+        self.inner
+            .send_reply(chat, reply, &Fence::new(&live, fence.token()))
+    }
+}
+
+impl Gated {
+    fn check(&self) -> Result<(), ProviderError> {
         if self.state.token().is_none() {
             return Err(ProviderError(format!(
                 "send refused: this replica does not hold the leadership of provider {:?}",
                 self.state.provider
             )));
         }
-        self.inner.send(chat, text)
+        Ok(())
     }
 }
 

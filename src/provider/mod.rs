@@ -10,6 +10,9 @@ use crate::intake::Intake;
 use crate::metrics::{Metrics, inc};
 
 pub(crate) mod leadership;
+mod reply;
+
+pub use reply::{ButtonAction, Fence, InlineButton, Keyboard, Reply};
 
 /// What a provider's transport allows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -309,4 +312,32 @@ pub trait Provider: Send + Sync {
     /// # Errors
     /// [`ProviderError`] when the transport refuses or fails.
     fn send(&self, chat: &str, text: &str) -> Result<(), ProviderError>;
+
+    /// Sends a [`Reply`] (a text with an optional keyboard) to a chat, under `fence`:
+    /// what handlers ([`Context::reply`](crate::Context::reply)) and flows call. A
+    /// transport that retries (rate limits, server errors) asks [`Fence::is_live`]
+    /// before every attempt and returns an error without retrying once it reads false.
+    ///
+    /// The default sends the text alone with [`Provider::send`] (a keyboard is
+    /// dropped, logged at debug level) after one fence check: override it in a
+    /// transport that has keyboards or retries.
+    ///
+    /// # Errors
+    /// [`ProviderError`] when the fence is not live, or the transport refuses or fails.
+    fn send_reply(
+        &self,
+        chat: &str,
+        reply: &Reply,
+        fence: &Fence<'_>,
+    ) -> Result<(), ProviderError> {
+        if !fence.is_live() {
+            return Err(ProviderError(format!(
+                "send refused: the turn on chat {chat:?} is no longer held"
+            )));
+        }
+        if reply.keyboard.is_some() {
+            log::debug!(target: "botmesh::provider", "provider {:?} has no keyboards: sending the text alone", self.id());
+        }
+        self.send(chat, &reply.text)
+    }
 }

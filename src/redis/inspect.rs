@@ -169,8 +169,13 @@ fn read_chats(r: &impl Reads, stored: &[String]) -> Result<Vec<Read>, BackendErr
     Ok(out)
 }
 
-/// `SCAN … MATCH pattern COUNT n` until the end or until `found` holds `limit`
-/// names; returns whether it stopped early.
+/// The most `SCAN` calls one scan makes (with `SCAN_COUNT`, 100,000 keys looked at):
+/// on a big keyspace whose keys are mostly not ours, `--limit` alone would not bound
+/// the walk.
+const SCAN_CALLS: usize = 100;
+
+/// `SCAN … MATCH pattern COUNT n` until the end, until `found` holds `limit` names or
+/// after [`SCAN_CALLS`] calls; returns whether it stopped early.
 fn scan_chats(
     r: &impl Reads,
     pattern: &str,
@@ -180,8 +185,10 @@ fn scan_chats(
 ) -> Result<bool, BackendError> {
     let prefix = r.prefix();
     let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = typed(r.read(&mut |con| {
+    for _ in 0..SCAN_CALLS {
+        // Raw bytes: a key under the prefix that is not UTF-8 (not botmesh's) is
+        // skipped rather than failing the whole view.
+        let (next, keys): (u64, Vec<Vec<u8>>) = typed(r.read(&mut |con| {
             redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
@@ -190,7 +197,7 @@ fn scan_chats(
                 .arg(SCAN_COUNT)
                 .query(con)
         })?)?;
-        for key in keys {
+        for key in keys.into_iter().filter_map(|k| String::from_utf8(k).ok()) {
             if let Some(name) = suffixes.iter().find_map(|s| chat_of(prefix, &key, s)) {
                 found.insert(name);
             }
@@ -203,6 +210,7 @@ fn scan_chats(
         }
         cursor = next;
     }
+    Ok(true)
 }
 
 pub(super) fn inspect_chat(r: &impl Reads, chat: &str) -> Result<ChatView, BackendError> {
@@ -226,7 +234,7 @@ pub(super) fn inspect(r: &impl Reads, limit: usize) -> Result<MeshView, BackendE
     )?;
     // Leaderships apart, so a truncated chat scan cannot hide them.
     let mut leaders = BTreeSet::new();
-    scan_chats(
+    let leaders_cut = scan_chats(
         r,
         &format!("{p}:{{\0provider:*}}:[sq]"),
         &[":s", ":q"],
@@ -240,7 +248,7 @@ pub(super) fn inspect(r: &impl Reads, limit: usize) -> Result<MeshView, BackendE
     chats.truncate(limit);
     let leaders: Vec<String> = leaders.into_iter().collect();
     let mut view = MeshView {
-        truncated,
+        truncated: truncated || leaders_cut,
         ..MeshView::default()
     };
     for (name, read) in chats.iter().zip(read_chats(r, &chats)?) {

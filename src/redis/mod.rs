@@ -20,6 +20,7 @@ use crate::coordinator::{
 mod inspect;
 mod keys;
 mod scripts;
+mod server;
 mod url;
 
 use keys::{ChatKeys, grant_from, parse_grant, ticket_str};
@@ -286,6 +287,7 @@ impl RedisCoordinator {
         };
         let mut con = me.open()?;
         me.load_scripts(&mut con).map_err(|e| me.describe(&e))?;
+        server::warn_on_eviction(&me.server, &mut con);
         me.pool.lock().push(con);
         Ok(me)
     }
@@ -585,13 +587,21 @@ impl Coordinator for RedisCoordinator {
     fn enqueue(&self, req: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError> {
         let keys = ChatKeys::new(&self.options.key_prefix, req.chat);
         let ticket = ticket_str(req.ticket);
-        let inv = self.chat_invocation(
+        let mut inv = self.chat_invocation(
             &self.scripts.enqueue,
             &keys,
             req.message_id,
             req.chat,
             &ticket,
         );
+        // The claim outlives the message's wait (and one lease more), also under a
+        // dedup window shorter than that: a claim that expired while its message still
+        // waited would let a redelivery run the message a second time.
+        let claim_for = self
+            .options
+            .dedup_window
+            .max(req.wait.saturating_add(self.options.lease_ttl));
+        inv.arg(u64::try_from(claim_for.as_millis()).unwrap_or(u64::MAX));
         let reply: Vec<String> = self.with_conn(|con| inv.query(con))?;
         match reply.first().map(String::as_str) {
             Some("granted") => Ok(Enqueued::Granted(grant_from(&reply)?)),

@@ -3,20 +3,48 @@
 
 use redis::{ConnectionInfo, IntoConnectionInfo};
 
-/// Parses a Redis URL the way the client will; the error names the field and what is
-/// wrong, never the URL (it may hold a password). `field` goes first in the text.
+/// Parses a Redis URL the way the client will; the error names the field, shows the
+/// URL with any password masked and says what is wrong. `field` goes first.
 pub(crate) fn check_parses(field: &str, url: &str) -> Result<(), String> {
     url.into_connection_info().map(|_| ()).map_err(|e| {
+        // "what - Kind": the kind adds nothing for a reader.
+        let text = e.to_string();
+        let what = text.split_once(" - ").map_or(text.as_str(), |(w, _)| w);
+        let port = bad_port(url).map_or(String::new(), |p| {
+            format!("; the port {p:?} is not a number")
+        });
         format!(
-            "{field}: not a usable Redis URL: {} (expected redis://[user:password@]host:port[/db] \
-             with a numeric port and database; the value is not shown, as it may hold a password)",
-            // "what - Kind": the kind adds nothing for a reader.
-            match e.to_string().split_once(" - ") {
-                Some((what, _)) => what.to_owned(),
-                None => e.to_string(),
-            }
+            "{field}: not a usable Redis URL: {:?}: {what}{port} (expected \
+             redis://[user:password@]host:port[/db] with a numeric port and database)",
+            masked(url)
         )
     })
+}
+
+/// `url` with the password of its `user:password@` part, if any, replaced by `***`.
+fn masked(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}{path}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// The port of `url` when it is given and is not a number.
+fn bad_port(url: &str) -> Option<&str> {
+    let rest = url.split_once("://")?.1;
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    // An IPv6 host is bracketed; its colons are not the port's.
+    let after_host = host.rsplit_once(']').map_or(host, |(_, a)| a);
+    let port = after_host.rsplit_once(':')?.1;
+    (!port.is_empty() && !port.bytes().all(|b| b.is_ascii_digit())).then_some(port)
 }
 
 /// The client's connection settings: the URL, with `password` (given apart from the
@@ -49,5 +77,21 @@ pub(crate) fn read_env(field: &str, var: &str) -> Result<String, String> {
         Err(std::env::VarError::NotUnicode(_)) => Err(format!(
             "{field}: the environment variable {var:?} is not valid UTF-8"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_url_is_shown_with_its_password_masked_and_the_port_named() {
+        let Err(e) = check_parses("url", "redis://u:hunter2@127.0.0.1:abc") else {
+            panic!("refused");
+        };
+        assert!(!e.contains("hunter2"), "{e}");
+        assert!(e.contains("redis://u:***@127.0.0.1:abc"), "{e}");
+        assert!(e.contains("the port \"abc\" is not a number"), "{e}");
+        assert!(check_parses("url", "redis://127.0.0.1:6379/0").is_ok());
     }
 }

@@ -4,7 +4,7 @@
 //! leases. [`Replica`](crate::Replica) (in `mod.rs`) is the handle that owns its
 //! threads.
 
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,10 @@ use crate::timer::Timer;
 
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+
+/// How often a replica without a renewal thread asks again about a message whose id
+/// is in flight on an earlier delivery (see `retry_later_unless_ticking`).
+const LOCAL_RETRY: Duration = Duration::from_millis(20);
 
 const RUNNING: u8 = 0;
 const STOPPING: u8 = 1;
@@ -93,6 +97,9 @@ pub(crate) struct Inner {
     pub(super) confirm_until: AtomicU64,
     /// Where "now" comes from: real, or fake in tests.
     pub(super) clock: Clock,
+    /// Set once the renewal thread runs: it asks again about in-flight duplicates;
+    /// without it (no coordination) the timer does.
+    pub(crate) ticking: AtomicBool,
     /// The last ticket sequence number handed out.
     seq: AtomicU64,
     /// The first sequence number of this incarnation: tickets below it are a dead
@@ -162,6 +169,7 @@ impl Inner {
             trusted: ttl.saturating_sub(drift),
             last_tick: AtomicU64::new(clock_ns(clock.now())),
             confirm_until: AtomicU64::new(0),
+            ticking: AtomicBool::new(false),
             clock,
             seq: AtomicU64::new(first_seq),
             first_seq: first_seq + 1,
@@ -423,6 +431,9 @@ impl Inner {
                         _ => table.mark_placed(seq),
                     }
                 };
+                if waiting && matches!(answer, Enqueued::InFlight) {
+                    self.retry_later_unless_ticking(seq);
+                }
                 if waiting && let Some(deadline) = since.checked_add(wait) {
                     let me = Arc::downgrade(self);
                     self.timer.at(
@@ -437,8 +448,16 @@ impl Inner {
                 Ok((Accepted::Queued, seq))
             }
             Ok(Enqueued::Duplicate) => {
+                if self.take_waiter(seq).is_none() {
+                    // Our own ticket, granted and handled while this call was retried
+                    // (its first attempt's reply was lost): the grant's callback owns
+                    // the message's end, which was not a duplicate.
+                    if metered {
+                        inc(&self.metrics.accepted);
+                    }
+                    return Ok((Accepted::Queued, seq));
+                }
                 inc(&self.metrics.duplicates);
-                self.take_waiter(seq);
                 Ok((Accepted::Duplicate, seq))
             }
             Err(e) => {
@@ -577,6 +596,24 @@ impl Inner {
             Ok(_) => {}
             Err(e) => log::debug!(target: "botmesh::replica", "ghost release failed: {e}"),
         }
+    }
+
+    /// Without a renewal thread (a bot without coordination), nothing would ask again
+    /// about a ticket whose id is in flight on an earlier delivery: the timer does,
+    /// every [`LOCAL_RETRY`], until it is queued, granted or ended.
+    pub(super) fn retry_later_unless_ticking(self: &Arc<Self>, seq: u64) {
+        if self.ticking.load(Ordering::Acquire) {
+            return; // the renewal tick asks again
+        }
+        let me = Arc::downgrade(self);
+        self.timer.at(
+            self.clock.now() + LOCAL_RETRY,
+            Box::new(move || {
+                if let Some(inner) = me.upgrade() {
+                    inner.retry_in_flight_one(seq);
+                }
+            }),
+        );
     }
 
     /// A waiter's deadline passed: take its ticket out of the queue, unless it was

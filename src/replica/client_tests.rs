@@ -39,6 +39,10 @@ struct Hooked {
     /// Runs after the next `enqueue` reached the backend, whose reply is then lost
     /// (the caller gets an error, as when a connection breaks after sending).
     after_enqueue_fails: Mutex<Option<Hook>>,
+    /// Runs after the next `enqueue` reached the backend, which then answers
+    /// `Duplicate` (as a retried call does once the first attempt's ticket was
+    /// granted and handled).
+    after_enqueue_duplicate: Mutex<Option<Hook>>,
 }
 
 impl Coordinator for Hooked {
@@ -60,6 +64,11 @@ impl Coordinator for Hooked {
         if let Some(hook) = hook {
             hook();
             return Err(BackendError::new("reply lost"));
+        }
+        let hook = self.after_enqueue_duplicate.lock().take();
+        if let Some(hook) = hook {
+            hook();
+            return Ok(Enqueued::Duplicate);
         }
         answer
     }
@@ -126,12 +135,12 @@ type Ended = Result<Turn, NoTurn>;
 
 impl World {
     fn new() -> Self {
+        Self::with_dedup_window(Duration::from_secs(600))
+    }
+
+    fn with_dedup_window(window: Duration) -> Self {
         let clock = Clock::fake();
-        let inner = MemoryCoordinator::with_clock(
-            Duration::from_secs(10),
-            Duration::from_secs(600),
-            clock.clone(),
-        );
+        let inner = MemoryCoordinator::with_clock(Duration::from_secs(10), window, clock.clone());
         World {
             clock,
             backend: Arc::new(Hooked {
@@ -142,6 +151,7 @@ impl World {
                 cut_off: Mutex::new(None),
                 with_held: Mutex::new(None),
                 after_enqueue_fails: Mutex::new(None),
+                after_enqueue_duplicate: Mutex::new(None),
             }),
         }
     }
@@ -160,13 +170,37 @@ impl World {
 
 /// Enqueues a message on `chat`; its wait's end arrives on the returned channel.
 fn take(r: &Arc<Inner>, chat: &str, id: Option<&str>) -> Receiver<Ended> {
+    let (answer, rx) = offer(r, chat, id);
+    answer.expect("enqueue");
+    rx
+}
+
+/// Like [`take`], with the enqueue's answer.
+fn offer(
+    r: &Arc<Inner>,
+    chat: &str,
+    id: Option<&str>,
+) -> (
+    Result<crate::Accepted, crate::CoordinationUnavailableError>,
+    Receiver<Ended>,
+) {
     let (tx, rx): (Sender<Ended>, Receiver<Ended>) = unbounded();
     let on_grant: OnGrant = Box::new(move |r| {
         let _ = tx.send(r);
     });
-    r.enqueue(chat, id, Duration::from_secs(60), on_grant)
-        .expect("enqueue");
-    rx
+    (r.enqueue(chat, id, Duration::from_secs(60), on_grant), rx)
+}
+
+/// `r` is cut off (its ticks run, its renewals fail) for 9 of its 10 s of liveness
+/// while `h` keeps renewing; then it is reachable again.
+fn cut_off_for_nine_seconds(w: &World, h: &Arc<Inner>, r: &Arc<Inner>) {
+    *w.backend.cut_off.lock() = Some(r.id.clone());
+    for _ in 0..3 {
+        w.clock.advance(Duration::from_secs(3));
+        tick(h);
+        tick(r);
+    }
+    *w.backend.cut_off.lock() = None;
 }
 
 fn turn(rx: &Receiver<Ended>) -> Turn {
@@ -390,17 +424,8 @@ fn a_grant_with_little_of_its_grantees_liveness_left_is_confirmed_before_use() {
     let x = w.replica("x");
     let h_turn = turn(&take(&h, "chat", None));
     let waiting = take(&r, "chat", None);
-    // r is cut off (its ticks run, its renewals fail) for 9 of its 10 s of liveness;
-    // h keeps renewing.
-    *w.backend.cut_off.lock() = Some(r.id.clone());
-    for _ in 0..3 {
-        w.clock.advance(Duration::from_secs(3));
-        tick(&h);
-        tick(&r);
-    }
-    // h hands the chat on: r's grant has 1 s of r's liveness left. r is reachable
-    // again by the time the push arrives.
-    *w.backend.cut_off.lock() = None;
+    cut_off_for_nine_seconds(&w, &h, &r);
+    // h hands the chat on: r's grant has 1 s of r's liveness left.
     h_turn.release().expect("h releases");
     let r_turn = turn(&waiting);
     // 1.5 s later, still before r's next renewal tick, x asks for the chat.
@@ -485,11 +510,7 @@ fn an_enqueue_that_fails_after_its_grant_arrived_ends_once() {
     *w.backend.after_enqueue_fails.lock() = Some(Box::new(move || {
         h_turn.release().expect("h releases");
     }));
-    let (tx, rx): (Sender<Ended>, Receiver<Ended>) = unbounded();
-    let on_grant: OnGrant = Box::new(move |r| {
-        let _ = tx.send(r);
-    });
-    let answer = r.enqueue("chat", Some("m1"), Duration::from_secs(60), on_grant);
+    let (answer, rx) = offer(&r, "chat", Some("m1"));
     assert!(answer.is_ok(), "accepted, not failed: {answer:?}");
     turn(&rx).release().expect("r runs it");
     assert!(rx.try_recv().is_err(), "one end only");
@@ -507,13 +528,7 @@ fn a_second_copy_of_a_grant_being_confirmed_is_not_released() {
     let h_turn = turn(&take(&h, "chat", None));
     let waiting = take(&r, "chat", None);
     // Unrefreshed for 9 s: the push will be confirmed before use.
-    *w.backend.cut_off.lock() = Some(r.id.clone());
-    for _ in 0..3 {
-        w.clock.advance(Duration::from_secs(3));
-        tick(&h);
-        tick(&r);
-    }
-    *w.backend.cut_off.lock() = None;
+    cut_off_for_nine_seconds(&w, &h, &r);
     let r2 = r.clone();
     *w.backend.with_held.lock() = Some(Box::new(move |held: &[HeldLease<'_>]| {
         let copy = Grant {
@@ -529,4 +544,51 @@ fn a_second_copy_of_a_grant_being_confirmed_is_not_released() {
     tick(&r);
     r_turn.release().expect("r's turn stood throughout");
     assert_eq!(r.metrics.snapshot().lost, 0);
+}
+
+/// An enqueue retried after its first reply was lost finds its own ticket granted and
+/// handled meanwhile, and the backend answers `Duplicate`. The grant's callback owns
+/// the message's end; answering `Duplicate` to the caller as well ended it twice.
+#[test]
+fn an_enqueue_answered_duplicate_after_its_own_grant_ends_once() {
+    let w = World::new();
+    let h = w.replica("h");
+    let r = w.replica("r");
+    let h_turn = turn(&take(&h, "chat", None));
+    *w.backend.after_enqueue_duplicate.lock() = Some(Box::new(move || {
+        h_turn.release().expect("h releases");
+    }));
+    let (answer, rx) = offer(&r, "chat", Some("m1"));
+    assert!(
+        matches!(answer, Ok(crate::Accepted::Queued)),
+        "taken in, not a duplicate: {answer:?}"
+    );
+    turn(&rx).release().expect("r runs it");
+    assert!(rx.try_recv().is_err(), "one end only");
+}
+
+/// A message's claim on its id must outlive its wait, also under a dedup window
+/// shorter than that: it expired while the message still waited, and a redelivery of
+/// it elsewhere took a new claim and ran it a second time (breaker finding).
+#[test]
+fn a_claim_outlives_its_messages_wait_under_a_short_dedup_window() {
+    let w = World::with_dedup_window(Duration::from_millis(500));
+    let h = w.replica("h");
+    let r = w.replica("r");
+    let q = w.replica("q");
+    let h_turn = turn(&take(&h, "chat", None));
+    let first = take(&r, "chat", Some("x"));
+    w.clock.advance(Duration::from_secs(1));
+    let (answer, redelivery) = offer(&q, "chat", Some("x"));
+    assert!(answer.is_ok());
+    h_turn.release().expect("h releases");
+    turn(&first)
+        .release_handled()
+        .expect("the first delivery runs");
+    // The redelivery waited for the first (in flight), and ends as a duplicate.
+    tick(&q);
+    match redelivery.try_recv() {
+        Ok(Err(NoTurn::Duplicate)) => {}
+        other => panic!("expected a duplicate, got {other:?}"),
+    }
 }

@@ -28,6 +28,9 @@ use crate::metrics::{dec, inc};
 /// replica's clock. Ticks are scheduled from the previous one's due time, not its
 /// end, so a slow tick does not push every later one back.
 pub(crate) fn renewal_loop(inner: &Arc<Inner>) {
+    inner
+        .ticking
+        .store(true, std::sync::atomic::Ordering::Release);
     let half = period(inner.ttl) / 2;
     let mut last_ok = inner.now();
     let mut next = Instant::now() + half;
@@ -66,8 +69,8 @@ pub(crate) fn renewal_loop(inner: &Arc<Inner>) {
     }
 }
 
-/// The most in-flight duplicates asked about again per tick, and ghosts cancelled per
-/// tick: each costs a round trip on the renewal thread.
+/// The most in-flight duplicates asked about again, ghosts cancelled and suspect
+/// grants released per tick: each costs a round trip on the renewal thread.
 const RETRIES_PER_TICK: usize = 32;
 
 /// The renewal tick's work: it runs on the renewal thread, and tests call it
@@ -94,6 +97,11 @@ impl Inner {
 
     fn tick(self: &Arc<Self>, last_ok: &mut Instant, renew_held: bool) {
         use std::sync::atomic::Ordering;
+        // The follow-up calls after the renewal (retries, ghosts, suspects) are one
+        // round trip each on this thread: on a slow link or a starved host they stop
+        // at this point in real time and go on next tick, so the next renewal (which
+        // keeps this replica's tickets alive) is never pushed back by them.
+        let budget = Instant::now() + period(self.ttl) / 4;
         let now_ns = clock_ns(self.clock.now());
         let before = self.last_tick.swap(now_ns, Ordering::AcqRel);
         let period_ns = u64::try_from(period(self.ttl).as_nanos()).unwrap_or(u64::MAX);
@@ -132,9 +140,9 @@ impl Inner {
                     }
                 }
                 self.apply_recheck(&waiters, renewal.waiting, sent);
-                self.retry_in_flight();
-                self.bury_ghosts();
-                self.release_suspects();
+                self.retry_in_flight(budget);
+                self.bury_ghosts(budget);
+                self.release_suspects(budget);
             }
             Err(e) => {
                 inc(&self.metrics.backend_errors);
@@ -171,10 +179,17 @@ impl Inner {
     }
 
     /// Releases the grants no held turn uses (see `deliver`); called by the tick.
-    fn release_suspects(self: &Arc<Self>) {
+    fn release_suspects(self: &Arc<Self>, budget: Instant) {
         let suspects = std::mem::take(&mut *self.suspects.lock());
+        let mut released = 0;
         for (chat, grant) in suspects {
             let seq = grant.ticket.seq;
+            // Each release is a round trip on this thread: a flood waits for the next
+            // ticks rather than delaying this one's renewals.
+            if released >= RETRIES_PER_TICK || Instant::now() >= budget {
+                self.suspects.lock().push((chat, grant));
+                continue;
+            }
             // Still being turned into a held turn: ask again on the next tick.
             if self.in_hand.lock().contains(&seq) {
                 self.suspects.lock().push((chat, grant));
@@ -192,18 +207,19 @@ impl Inner {
             if !in_use {
                 log::debug!(target: "botmesh::replica", "releasing grant {} on chat {chat:?}: no turn uses it", grant.ticket);
                 self.release_ghost(&chat, &grant);
+                released += 1;
             }
         }
     }
 
     /// Cancels the tickets whose enqueue failed; called by the renewal tick. Stops at
     /// the first backend error (the rest wait for the next tick).
-    fn bury_ghosts(self: &Arc<Self>) {
+    fn bury_ghosts(self: &Arc<Self>, budget: Instant) {
         let ghosts: Vec<PlacedWaiter> = std::mem::take(&mut *self.ghosts.lock());
         let mut left = Vec::new();
         let mut reachable = true;
         for (i, g) in ghosts.into_iter().enumerate() {
-            if !reachable || i >= RETRIES_PER_TICK {
+            if !reachable || i >= RETRIES_PER_TICK || Instant::now() >= budget {
                 left.push(g);
                 continue;
             }
@@ -229,7 +245,14 @@ impl Inner {
     /// (see [`Waiters::first_placed_per_chat`]): a backlog does not multiply the
     /// tick's work.
     fn placed_waiters(&self) -> Vec<PlacedWaiter> {
-        self.waiting.lock().first_placed_per_chat()
+        // An enqueue unanswered for a renewal period is slow, not failed (that takes
+        // the command timeout): keep its ticket alive meanwhile.
+        let slow = self
+            .clock
+            .now()
+            .checked_sub(period(self.ttl))
+            .unwrap_or_else(|| self.clock.now());
+        self.waiting.lock().first_placed_per_chat(slow)
     }
 
     /// Acts on the re-check's findings (of a call sent at `sent`): grants found are
@@ -244,21 +267,40 @@ impl Inner {
             // A ticket gone after our liveness in the chat may have lapsed (no call
             // refreshed it for a TTL: a partition, a pause, a backend down that long)
             // was most likely skipped, and its trace expired since: later messages
-            // may have run, so it is lost like a lapsed one, not queued again.
+            // may have run, so it is lost like a lapsed one, not queued again. The
+            // table is read (one lock) only for these rare answers.
+            let mut why = String::new();
             let state = match state {
-                TicketState::Gone
-                    if self
-                        .waiting
-                        .lock()
-                        .alive_from(*seq)
-                        .is_some_and(|t| t + self.trusted <= self.clock.now()) =>
-                {
-                    TicketState::Lapsed
+                TicketState::Gone | TicketState::Lapsed => {
+                    let (placed, refreshed) = {
+                        let table = self.waiting.lock();
+                        (table.is_placed(*seq), table.alive_from(*seq))
+                    };
+                    // A ticket whose enqueue has not answered yet may not have
+                    // arrived: only a grant or a place found is news.
+                    if !placed {
+                        continue;
+                    }
+                    let age = refreshed.map(|t| self.clock.now().saturating_duration_since(t));
+                    let gone = matches!(state, TicketState::Gone);
+                    if let Some(age) = age {
+                        why = if gone {
+                            format!("it is gone, its liveness unrefreshed for {age:?}")
+                        } else {
+                            format!("skipped, its liveness refreshed {age:?} ago")
+                        };
+                    }
+                    if gone && age.is_some_and(|a| a >= self.trusted) {
+                        TicketState::Lapsed
+                    } else {
+                        state
+                    }
                 }
                 other => other,
             };
             match state {
-                TicketState::Granted(grant) => self.deliver(chat, grant),
+                // The re-check renewed it (see `Coordinator::renew`).
+                TicketState::Granted(grant) => self.deliver_from(chat, grant, Some(sent)),
                 TicketState::Waiting => self.waiting.lock().refreshed(*seq, sent),
                 TicketState::Lapsed => {
                     // Skipped because this replica's liveness lapsed (it was paused or
@@ -270,7 +312,7 @@ impl Inner {
                     }
                     let placed = self.waiting.lock().placed_on(chat);
                     for (_, seq, _) in placed {
-                        self.report_lost(seq);
+                        self.report_lost(seq, &why);
                     }
                 }
                 TicketState::Gone => {
@@ -339,29 +381,50 @@ impl Inner {
     /// Asks again for each message whose id was in flight on another replica: it
     /// becomes a duplicate once that delivery was handled, or takes the claim over
     /// (and a place) once that delivery died unhandled.
-    fn retry_in_flight(self: &Arc<Self>) {
+    /// Asks again about one in-flight duplicate (see `retry_later_unless_ticking`),
+    /// and schedules the next try while it stays in flight.
+    pub(super) fn retry_in_flight_one(self: &Arc<Self>, seq: u64) {
+        let Some(waiter) = self.waiting.lock().in_flight_one(seq) else {
+            return; // queued, granted or ended meanwhile
+        };
+        self.ask_again(waiter, self.clock.now());
+        if self.waiting.lock().in_flight_one(seq).is_some() {
+            self.retry_later_unless_ticking(seq);
+        }
+    }
+
+    fn retry_in_flight(self: &Arc<Self>, budget: Instant) {
         let now = self.clock.now();
         // Listed first: the table's lock must not be held across the calls below.
         let in_flight = self.waiting.lock().in_flight();
         // One round trip each, on the renewal thread: a bounded number per tick, oldest
         // first, so that a flood of redeliveries never delays the renewals (the rest
         // wait for the next ticks, every TTL/6; each is still bounded by turn_wait).
-        for (chat, seq, id) in in_flight.into_iter().take(RETRIES_PER_TICK) {
-            let Some(wait) = self.waiting.lock().left(seq, now) else {
-                continue;
-            };
-            let ticket = self.ticket(seq);
-            self.enqueue_again(&EnqueueRequest {
-                chat: &chat,
-                ticket: &ticket,
-                message_id: id.as_deref(),
-                wait,
-            });
+        for waiter in in_flight.into_iter().take(RETRIES_PER_TICK) {
+            if Instant::now() >= budget {
+                break;
+            }
+            self.ask_again(waiter, now);
         }
     }
 
+    /// Asks the backend again about an in-flight duplicate, with what is left of its
+    /// wait at `now` (nothing, if it ended meanwhile).
+    fn ask_again(self: &Arc<Self>, (chat, seq, id): PlacedWaiter, now: Instant) {
+        let Some(wait) = self.waiting.lock().left(seq, now) else {
+            return;
+        };
+        let ticket = self.ticket(seq);
+        self.enqueue_again(&EnqueueRequest {
+            chat: &chat,
+            ticket: &ticket,
+            message_id: id.as_deref(),
+            wait,
+        });
+    }
+
     /// Ends a waiting ticket with `lost`: it lost its place in the queue.
-    fn report_lost(self: &Arc<Self>, seq: u64) {
+    fn report_lost(self: &Arc<Self>, seq: u64, why: &str) {
         if let Some(w) = self.take_waiter(seq) {
             if !is_reserved(&w.chat) {
                 inc(&self.metrics.lost);
@@ -371,7 +434,7 @@ impl Inner {
                 shown_chat(&w.chat),
                 w.message_id.as_deref(),
             );
-            log::warn!(target: "botmesh::replica", "{err}: its ticket lapsed while this replica was out of touch");
+            log::warn!(target: "botmesh::replica", "{err}: its ticket lapsed while this replica was out of touch ({why})");
             (w.on_grant)(Err(NoTurn::Failed(err)));
         }
     }

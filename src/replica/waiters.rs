@@ -100,6 +100,11 @@ impl<G> Waiters<G> {
         self.map.get(&seq).map(|w| w.alive_from)
     }
 
+    /// Whether the backend confirmed the ticket's place (see [`Waiter::placed`]).
+    pub(crate) fn is_placed(&self, seq: u64) -> bool {
+        self.map.get(&seq).is_some_and(|w| w.placed)
+    }
+
     /// Whether a ticket still waits here.
     pub(crate) fn contains(&self, seq: u64) -> bool {
         self.map.contains_key(&seq)
@@ -115,6 +120,15 @@ impl<G> Waiters<G> {
             .collect();
         list.sort_unstable_by_key(|w| w.1);
         list
+    }
+
+    /// The ticket as [`Waiters::in_flight`] lists it, if it still waits for a delivery
+    /// of its id elsewhere.
+    pub(crate) fn in_flight_one(&self, seq: u64) -> Option<PlacedWaiter> {
+        self.map
+            .get(&seq)
+            .filter(|w| w.in_flight)
+            .map(|w| (w.chat.clone(), seq, w.message_id.clone()))
     }
 
     /// How much of a ticket's wait is left at `now`; `None` once it is gone.
@@ -143,9 +157,15 @@ impl<G> Waiters<G> {
     /// Per chat, the earliest placed ticket: only it can be the next grant among
     /// ours, and the backend keeps a replica's tickets of a chat alive together, so
     /// one re-check per chat suffices however deep the queue. Sorted by sequence.
-    pub(crate) fn first_placed_per_chat(&self) -> Vec<PlacedWaiter> {
+    ///
+    /// A ticket whose enqueue has been in flight since before `slow` counts too: its
+    /// reply is late (a loaded host, a slow link), but the call may well have queued
+    /// it, and a ticket nobody refreshes lapses at the backend. Its answer is
+    /// trusted only when it says granted or waiting (see [`Waiters::is_placed`]).
+    pub(crate) fn first_placed_per_chat(&self, slow: Instant) -> Vec<PlacedWaiter> {
         let mut first: HashMap<Arc<str>, (u64, Option<Arc<str>>)> = HashMap::default();
-        for (seq, w) in self.map.iter().filter(|(_, w)| w.placed) {
+        let listed = |w: &Waiter<G>| w.placed || (!w.in_flight && w.since < slow);
+        for (seq, w) in self.map.iter().filter(|(_, w)| listed(w)) {
             let e = first
                 .entry(w.chat.clone())
                 .or_insert_with(|| (*seq, w.message_id.clone()));
@@ -203,13 +223,17 @@ mod tests {
         // In flight: its enqueue has not returned, so it is not re-checked yet.
         t.insert(1, waiter("b", now, false));
         let list: Vec<(String, u64)> = t
-            .first_placed_per_chat()
+            .first_placed_per_chat(now)
             .into_iter()
             .map(|(c, s, _)| (c.to_string(), s))
             .collect();
         assert_eq!(list, [("a".to_owned(), 3), ("b".to_owned(), 4)]);
+        // Once its enqueue is slow to answer, it is listed, marked not placed.
+        let later = now + Duration::from_millis(1);
+        assert_eq!(t.first_placed_per_chat(later)[0].1, 1);
+        assert!(!t.is_placed(1));
         assert!(t.mark_placed(1));
-        assert_eq!(t.first_placed_per_chat()[0].1, 1);
+        assert_eq!(t.first_placed_per_chat(now)[0].1, 1);
         let on_a: Vec<u64> = t.placed_on("a").into_iter().map(|w| w.1).collect();
         assert_eq!(on_a, [3, 5]);
     }

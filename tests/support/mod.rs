@@ -6,13 +6,15 @@
 //! - [`serial`]: runs timing-bound tests of one test binary one at a time;
 //! - [`transport`]: the test platform with exclusive sessions and its client provider,
 //!   and [`transport::Outbox`], a provider with no platform behind it;
-//! - `process` (feature `redis`): replica processes over Redis.
+//! - `process` (feature `redis`): replica processes over Redis;
+//! - [`fake_telegram`]: a fake Telegram Bot API on loopback.
 //!
 //! Nothing here mocks Redis.
 
 // Each test binary compiles this whole module and uses only part of it.
 #![allow(dead_code)]
 
+pub mod fake_telegram;
 #[cfg(feature = "redis")]
 pub mod process;
 pub mod proxy;

@@ -208,13 +208,17 @@ impl ReplicaProcess {
     /// Spawns `command` (with `cfg` in its environment), piping stdin and stdout, and
     /// waits for its `READY`.
     pub fn spawn(mut command: Command, cfg: &ReplicaConfig) -> Result<Self, String> {
-        command
-            .envs(cfg.env())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
+        command.envs(cfg.env());
+        Self::spawn_command(command, &cfg.id)
+    }
+
+    /// Spawns `command` as replica `id` (its settings already in its environment),
+    /// piping stdin and stdout, and waits for its `READY`.
+    pub fn spawn_command(mut command: Command, id: &str) -> Result<Self, String> {
+        command.stdin(Stdio::piped()).stdout(Stdio::piped());
         let mut child = command
             .spawn()
-            .map_err(|e| format!("cannot spawn replica {}: {e}", cfg.id))?;
+            .map_err(|e| format!("cannot spawn replica {id}: {e}"))?;
         let stdout = child.stdout.take().ok_or("no stdout")?;
         let (tx, rx) = unbounded();
         std::thread::spawn(move || {
@@ -226,14 +230,14 @@ impl ReplicaProcess {
             }
         });
         let mut p = ReplicaProcess {
-            id: cfg.id.clone(),
+            id: id.to_owned(),
             stdin: child.stdin.take(),
             child,
             lines: rx,
         };
         if p.wait_line("READY", Duration::from_secs(30)).is_none() {
             p.kill();
-            return Err(format!("replica {} did not start", cfg.id));
+            return Err(format!("replica {id} did not start"));
         }
         Ok(p)
     }
