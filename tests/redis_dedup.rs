@@ -25,7 +25,11 @@ struct One {
 
 impl One {
     fn new(server: &RedisServer) -> One {
-        let c = RedisCoordinator::connect(RedisOptions::new(server.url())).expect("connect");
+        Self::with(RedisOptions::new(server.url()).with_dedup_ids(16))
+    }
+
+    fn with(options: RedisOptions) -> One {
+        let c = RedisCoordinator::connect(options).expect("connect");
         let me: ReplicaId = Arc::from("r");
         c.attach(&me, Arc::new(|_: &str, _| {})).expect("attach");
         One { c, me, seq: 0 }
@@ -86,9 +90,10 @@ fn rising_ids_are_suppressed_for_good_in_bounded_state() {
     for i in 1..=200 {
         assert!(r.handle("chat", &i.to_string()), "{i} is new");
     }
-    // A few holder fields, the floor and at most 32 marks, whatever the count.
+    // A few holder fields, the floor and at most 24 marks (dedup_ids 16), whatever
+    // the count.
     let n = fields(&server, "chat");
-    assert!(n <= 45, "{n} fields");
+    assert!(n <= 35, "{n} fields");
     // The newest ids by their marks, the oldest by the floor.
     for i in [200, 199, 150, 2, 1] {
         assert!(!r.handle("chat", &i.to_string()), "{i} is a duplicate");
@@ -140,7 +145,7 @@ fn ids_that_do_not_rise_turn_the_floor_off() {
         assert!(r.handle("chat", &id.to_string()), "{id} is new");
     }
     let n = fields(&server, "chat");
-    assert!(n <= 45, "{n} fields");
+    assert!(n <= 35, "{n} fields");
     assert!(
         !r.handle("chat", &ids[99].to_string()),
         "recent: a duplicate"
@@ -156,8 +161,102 @@ fn string_ids_keep_the_newest_marks() {
     for i in 0..100 {
         assert!(r.handle("chat", &format!("u-{i}")));
     }
-    assert!(fields(&server, "chat") <= 45);
+    assert!(fields(&server, "chat") <= 35);
     for i in [99, 90, 85] {
         assert!(!r.handle("chat", &format!("u-{i}")), "u-{i} is recent");
     }
+}
+
+/// With the default `dedup_ids` (64), a chat whose ids are strings remembers at least
+/// its newest 64 handled ids, and holds at most 96 marks.
+#[test]
+fn the_default_keeps_the_newest_64_handled_ids() {
+    let server = RedisServer::start();
+    let mut r = One::with(RedisOptions::new(server.url()));
+    for i in 0..300 {
+        assert!(r.handle("chat", &format!("u-{i}")));
+    }
+    let n = fields(&server, "chat");
+    assert!(n <= 96 + 10, "{n} fields");
+    for i in 236..300 {
+        assert!(
+            !r.handle("chat", &format!("u-{i}")),
+            "u-{i} is among the newest 64"
+        );
+    }
+    let refused = RedisCoordinator::connect(RedisOptions::new(server.url()).with_dedup_ids(0));
+    let Err(e) = refused else {
+        panic!("dedup_ids 0 is refused")
+    };
+    assert!(e.to_string().contains("dedup_ids: 0"), "{e}");
+}
+
+/// An enqueue retried after its first reply was lost, once its ticket was granted
+/// (by that first attempt or a push) and the message handled meanwhile: the handled
+/// mark names the ticket, so the retry is answered `Queued` (the grant's own end
+/// reports the message), while any other ticket with the id is a `Duplicate`.
+#[test]
+fn a_retried_enqueue_whose_own_ticket_handled_the_id_is_not_a_duplicate() {
+    let server = RedisServer::start();
+    let mut r = One::new(&server);
+    let (t, answer) = r.enqueue("chat", "7");
+    let Enqueued::Granted(g) = answer else {
+        panic!("a free chat is granted: {answer:?}")
+    };
+    let lease = HeldLease {
+        chat: "chat",
+        ticket: &t,
+        token: g.token,
+    };
+    r.c.release(&lease, Some("7")).expect("release");
+    let retry =
+        r.c.enqueue(&EnqueueRequest {
+            chat: "chat",
+            ticket: &t,
+            message_id: Some("7"),
+            wait: WAIT,
+        })
+        .expect("enqueue");
+    assert_eq!(retry, Enqueued::Queued, "the same ticket's retry");
+    assert!(
+        !r.handle("chat", "7"),
+        "another delivery of 7 is a duplicate"
+    );
+    // A retried release after a lost reply is recognised by the same mark.
+    assert_eq!(
+        r.c.release(&lease, Some("7")).expect("release"),
+        Released::Released { next: None }
+    );
+}
+
+/// A message that may wait longer than the chat's state would otherwise be kept (a
+/// `turn_wait` of hours, beyond the history and the dedup window) keeps its claim: the
+/// state hash holding it is kept at least the wait and a lease from its enqueue, so a
+/// redelivery meanwhile cannot run it a second time.
+#[test]
+fn a_claim_outlives_a_wait_longer_than_the_history() {
+    let server = RedisServer::start();
+    let mut r =
+        One::with(RedisOptions::new(server.url()).with_dedup_window(Duration::from_secs(60)));
+    let (_, holder) = r.enqueue("chat", "1");
+    assert!(matches!(holder, Enqueued::Granted(_)), "{holder:?}");
+    let t = r.ticket();
+    let wait = Duration::from_secs(3 * 3600);
+    let answer =
+        r.c.enqueue(&EnqueueRequest {
+            chat: "chat",
+            ticket: &t,
+            message_id: Some("2"),
+            wait,
+        })
+        .expect("enqueue");
+    assert_eq!(answer, Enqueued::Queued);
+    let left: i64 = redis::cmd("PTTL")
+        .arg("botmesh:{chat}:s")
+        .query(&mut server.connection())
+        .expect("PTTL");
+    assert!(
+        left >= i64::try_from(wait.as_millis()).unwrap_or(i64::MAX),
+        "the claim's hash expires in {left} ms, before the message's wait ends"
+    );
 }

@@ -1,7 +1,7 @@
 //! Duplicate suppression of one chat, bounded whatever the chat's traffic: the same
 //! rules as the Redis backend (see the `redis` module docs). A claim is exact while
-//! its message is in flight; a chat keeps its newest `CAP_LOW`..`CAP_HIGH` handled ids
-//! for the window, and for numeric ids that rise a floor (the highest id evicted),
+//! its message is in flight; a chat keeps its newest `dedup_ids` to 1.5 × `dedup_ids`
+//! handled ids for the window, and for numeric ids that rise a floor (the highest id evicted),
 //! under which an unknown id is a duplicate while the evicted marks' window runs. An id
 //! under the highest one claimed that this chat never saw shows that its ids do not
 //! rise, and turns the floor off for good.
@@ -12,10 +12,6 @@ use std::time::{Duration, Instant};
 use crate::coordinator::Ticket;
 
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-
-/// Handled marks kept after an eviction, and the count that triggers one.
-const CAP_LOW: usize = 16;
-const CAP_HIGH: usize = 32;
 
 enum IdState {
     /// In flight: the claimant ticket has not been handled.
@@ -153,8 +149,16 @@ impl Dedup {
         Claim::Claimed
     }
 
-    /// `ticket` handled `id`: its claim becomes a handled mark for the window.
-    pub(crate) fn handled(&mut self, now: Instant, window: Duration, id: &str, ticket: &Ticket) {
+    /// `ticket` handled `id`: its claim becomes a handled mark for the window. Once
+    /// the chat holds 1.5 × `keep` handled marks, the oldest go, down to `keep`.
+    pub(crate) fn handled(
+        &mut self,
+        now: Instant,
+        window: Duration,
+        keep: usize,
+        id: &str,
+        ticket: &Ticket,
+    ) {
         let Some(state) = self.ids.get_mut(id) else {
             return;
         };
@@ -165,8 +169,8 @@ impl Dedup {
         *state = IdState::Handled { expires };
         self.until = self.until.max(expires);
         self.handled.push_back(id.into());
-        if self.handled.len() >= CAP_HIGH {
-            self.evict(now);
+        if self.handled.len() >= keep + (keep / 2).max(1) {
+            self.evict(now, keep);
         }
     }
 
@@ -180,8 +184,8 @@ impl Dedup {
         }
     }
 
-    fn evict(&mut self, now: Instant) {
-        while self.handled.len() > CAP_LOW {
+    fn evict(&mut self, now: Instant, keep: usize) {
+        while self.handled.len() > keep {
             let Some(id) = self.handled.pop_front() else {
                 break;
             };
@@ -227,9 +231,9 @@ mod tests {
         for i in 1..=200u64 {
             let id = i.to_string();
             assert_eq!(d.claim(now, W, &id, &t(i), |_| true), Claim::Claimed);
-            d.handled(now, W, &id, &t(i));
+            d.handled(now, W, 16, &id, &t(i));
         }
-        assert!(d.ids.len() <= CAP_HIGH, "{}", d.ids.len());
+        assert!(d.ids.len() <= 24, "{}", d.ids.len());
         for i in [1u64, 100, 200] {
             assert_eq!(
                 d.claim(now, W, &i.to_string(), &t(999), |_| true),

@@ -41,6 +41,8 @@ pub(crate) struct Env<'a> {
     pub(crate) history: Duration,
     /// The duplicate-suppression window; zero turns it off.
     pub(crate) dedup_window: Duration,
+    /// Handled message ids each chat remembers at least (the `dedup_ids` option).
+    pub(crate) dedup_ids: usize,
     /// Until when a replica is alive (its last renewal + TTL); `None` when it is not
     /// attached.
     pub(crate) alive_until: &'a dyn Fn(&ReplicaId) -> Option<Instant>,
@@ -386,7 +388,7 @@ impl Shard {
             };
             if let Some(id) = handled {
                 chat.dedup
-                    .handled(env.now, env.dedup_window, id, lease.ticket);
+                    .handled(env.now, env.dedup_window, env.dedup_ids, id, lease.ticket);
             }
             Released::Released { next }
         } else {

@@ -12,9 +12,9 @@ use redis::{Client, Cmd, Connection, ErrorKind, RedisError, ServerErrorKind, Val
 use serde::Deserialize;
 
 use crate::coordinator::{
-    BackendError, CHECKPOINT_TTL, ChatView, Coordinator, DEFAULT_DEDUP_WINDOW, DEFAULT_LEASE_TTL,
-    EnqueueRequest, Enqueued, Grant, GrantSink, HISTORY, HeldLease, MeshView, Released, Renewal,
-    ReplicaId, TicketState, Token, Waiting,
+    BackendError, CHECKPOINT_TTL, ChatView, Coordinator, DEFAULT_DEDUP_IDS, DEFAULT_DEDUP_WINDOW,
+    DEFAULT_LEASE_TTL, EnqueueRequest, Enqueued, Grant, GrantSink, HISTORY, HeldLease, MeshView,
+    Released, Renewal, ReplicaId, TicketState, Token, Waiting,
 };
 
 mod inspect;
@@ -44,6 +44,12 @@ pub struct RedisOptions {
     pub lease_ttl: Duration,
     /// Duplicate-suppression window; zero turns it off. Default 10 min.
     pub dedup_window: Duration,
+    /// How many handled message ids each chat remembers at least (1 to
+    /// [`MAX_DEDUP_IDS`](crate::MAX_DEDUP_IDS), default
+    /// [`DEFAULT_DEDUP_IDS`](crate::DEFAULT_DEDUP_IDS), 64; `dedupIds` in files): a
+    /// chat's state hash keeps its newest `dedup_ids` to 1.5 × `dedup_ids` handled
+    /// ids. Replicas sharing a server may differ; each release applies its own.
+    pub dedup_ids: usize,
     /// Connect, read and write timeout of every Redis call. Default 2 s, or a third of
     /// the lease TTL when that is shorter (set through
     /// [`with_lease_ttl`](RedisOptions::with_lease_ttl)); must stay under half the
@@ -62,6 +68,7 @@ impl std::fmt::Debug for RedisOptions {
             .field("key_prefix", &self.key_prefix)
             .field("lease_ttl", &self.lease_ttl)
             .field("dedup_window", &self.dedup_window)
+            .field("dedup_ids", &self.dedup_ids)
             .field("command_timeout", &self.command_timeout)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .finish()
@@ -96,6 +103,7 @@ impl RedisOptions {
             key_prefix: "botmesh".into(),
             lease_ttl: DEFAULT_LEASE_TTL,
             dedup_window: DEFAULT_DEDUP_WINDOW,
+            dedup_ids: DEFAULT_DEDUP_IDS,
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             password: None,
         }
@@ -147,6 +155,13 @@ impl RedisOptions {
     /// Sets the duplicate-suppression window.
     pub fn with_dedup_window(mut self, window: Duration) -> Self {
         self.dedup_window = window;
+        self
+    }
+
+    /// Sets [`dedup_ids`](Self::dedup_ids), checked at
+    /// [`connect`](RedisCoordinator::connect).
+    pub fn with_dedup_ids(mut self, n: usize) -> Self {
+        self.dedup_ids = n;
         self
     }
 
@@ -239,7 +254,8 @@ impl RedisCoordinator {
     /// # Errors
     /// [`BackendError`] for an invalid URL or key prefix, a lease TTL under 10 ms, a
     /// command timeout of half the lease TTL or more (a renewal that times out and is
-    /// retried would outlast the lease), or when Redis cannot be reached or refuses
+    /// retried would outlast the lease), a `dedup_ids` of 0 or over
+    /// [`MAX_DEDUP_IDS`](crate::MAX_DEDUP_IDS), or when Redis cannot be reached or refuses
     /// the credentials.
     pub fn connect(options: RedisOptions) -> Result<Self, BackendError> {
         if options.key_prefix.contains(['{', '}']) {
@@ -269,6 +285,8 @@ impl RedisCoordinator {
             }
         }
         check_timeout_fits_lease(&options).map_err(BackendError::new)?;
+        crate::coordinator::check_dedup_ids("dedup_ids", options.dedup_ids)
+            .map_err(BackendError::new)?;
         let client = Client::open(
             connection_info(&options.url, options.password.as_deref())
                 .map_err(BackendError::new)?,
@@ -672,7 +690,8 @@ impl Coordinator for RedisCoordinator {
         let mut inv =
             self.chat_invocation(&self.scripts.release, &keys, handled, lease.chat, &ticket);
         inv.arg(lease.token.to_string())
-            .arg(lease.ticket.replica.as_ref());
+            .arg(lease.ticket.replica.as_ref())
+            .arg(self.options.dedup_ids);
         let reply: Vec<String> = self.with_conn(|con| inv.query(con))?;
         match reply.first().map(String::as_str) {
             Some("released") if reply.len() >= 5 => Ok(Released::Released {

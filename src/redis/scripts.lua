@@ -12,22 +12,22 @@
 --        e, qe     until when the key's own expiry, and the queue's, is set (us)
 --        a<r>      alive-until (us) of replica r's tickets in this chat, refreshed by
 --                  its renewals (one field per replica: a deep queue costs a tick nothing)
---        m<id>     message id <id>: the claimant ticket while in flight, "!" and the
---                  handling grant's token once handled (a retried release after a lost
---                  reply is recognised by it), "-" once its ticket gave up
+--        m<id>     message id <id>: the claimant ticket while in flight, "!token,ticket"
+--                  of the handling grant once handled (a retried release, or a retried
+--                  enqueue, after a lost reply is recognised by it), "-" once its
+--                  ticket gave up
 --        f         "floor,hi" (see below)
 --   q  queue: LIST of tickets in arrival order; PX 3 x TTL, extended by waiters
 -- A ticket is "<seq>:<replica>". Times are Redis TIME in microseconds. The state is
 -- read with one HMGET and written with one HSET per call: the fast paths make three
 -- redis.calls (TIME, HMGET, HSET), and their cost goes with the fields and arguments.
 --
--- Dedup: the newest CAP_LOW..CAP_HIGH handled marks of a chat are kept, the older ones
--- evicted in batches (oldest token first). For numeric ids (no leading zero, at most 15
+-- Dedup: the newest low..high handled marks of a chat are kept (low: the dedup_ids
+-- option, high: 1.5 x low), the older ones evicted in batches (oldest token first). For numeric ids (no leading zero, at most 15
 -- digits) the chat keeps a floor, the highest evicted id: an unknown numeric id at or
 -- under it is answered duplicate, as ids rise per chat on Telegram. "hi" is the highest
 -- numeric id claimed; an unknown id under it shows the chat's ids do not rise, and turns
 -- the floor off for good (f = "x"), after which older ids are simply forgotten.
-local CAP_LOW, CAP_HIGH = 16, 32
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -192,21 +192,21 @@ local function settle(chat, ttl, hist, keep_ms, wake, keep)
     end
   end
 end
--- Evicts the oldest handled marks once there are CAP_HIGH, down to CAP_LOW, raising
--- the floor of a chat whose numeric ids rise. Called after flush(), with the hash
--- up to date.
-local function evict()
+-- Evicts the oldest handled marks once there are `high`, down to `low`, raising the
+-- floor of a chat whose numeric ids rise. Called after flush(), with the hash up to
+-- date.
+local function evict(low, high)
   local all = redis.call('HGETALL', C.s)
   local marks, fv = {}, nil
   for i = 1, #all, 2 do
     local f, x = all[i], all[i + 1]
     if f == 'f' then fv = x end
     if string.byte(f, 1) == 109 and string.byte(x, 1) == 33 then
-      marks[#marks + 1] = {tonumber(string.sub(x, 2)) or 0, string.sub(f, 2)}
+      marks[#marks + 1] = {tonumber(string.match(x, '^!(%d+)')) or 0, string.sub(f, 2)}
     end
   end
   C.c, C.hd = #marks, true
-  if #marks < CAP_HIGH then
+  if #marks < high then
     flush()
     return
   end
@@ -218,7 +218,7 @@ local function evict()
     local a, b = string.match(fv, '^([^,]*),(.*)$')
     fl, hi = tonumber(a), b or ''
   end
-  for i = 1, #marks - CAP_LOW do
+  for i = 1, #marks - low do
     local id = marks[i][2]
     dels[#dels + 1] = 'm' .. id
     local x = numeric(id)

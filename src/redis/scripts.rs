@@ -30,7 +30,12 @@ if C.n > 0 and (not id or C.v[mf] == t) and redis.call('LPOS', q, t) then
 end
 if id then
   local c = C.v[mf]
-  if c and string.byte(c, 1) == 33 then return {'duplicate'} end
+  if c and string.byte(c, 1) == 33 then
+    -- Handled by this very ticket: a retry of this enqueue whose first reply was lost.
+    -- The grant's own end reports the message; it was not a duplicate.
+    if string.match(c, '^![^,]*,(.*)$') == t then return {'queued'} end
+    return {'duplicate'}
+  end
   local fresh = not c
   if c == '-' then c = nil end
   if c and c ~= t then
@@ -68,6 +73,11 @@ local len = redis.call('RPUSH', q, t)
 set_n(C.n + 1)
 put('a' .. me, num(C.now + ttl * 1000))
 keep_queue(ttl, len == 1)
+-- The claim outlives the message's wait and one lease more (ARGV[8], ms): the state,
+-- which holds it, already outlives any live lease by keep_ms, so only a longer claim
+-- needs the key's expiry moved.
+local claim_ms = tonumber(ARGV[8]) or 0
+if id and claim_ms > keep_ms then keep_until(C.now, claim_ms) end
 local g = nil
 if not live then g = settle(chat, ttl, hist, keep_ms, wake, mine) end
 flush()
@@ -77,6 +87,10 @@ return {'queued'}
 
 pub(super) const RELEASE: &str = r#"
 local token, me = ARGV[8], ARGV[9]
+-- Handled ids a chat keeps at least (the dedup_ids option); evicted in batches.
+local low = tonumber(ARGV[10]) or 64
+local high = low + math.max(1, math.floor(low / 2))
+local handled_mark = '!' .. token .. ',' .. t
 -- `e` for the grant a hand-over makes (one field read is cheaper than a call).
 load(s, q, id and {'e', mf} or {'e'})
 local live = held()
@@ -85,13 +99,13 @@ if not (live and C.t == t and C.k == token) then
   if not live and C.n > 0 then settle(chat, ttl, hist, keep_ms, wake, never) end
   flush()
   -- A retry of this very release whose reply was lost: the mark says so.
-  if id and C.v[mf] == '!' .. token then return {'released'} end
+  if id and C.v[mf] == handled_mark then return {'released'} end
   return {'lost'}
 end
 C.u, C.hd = 0, true
 local marked = false
 if id and C.v[mf] == t then
-  put(mf, '!' .. token)
+  put(mf, handled_mark)
   C.c = C.c + 1
   marked = true
 end
@@ -100,7 +114,7 @@ if C.n > 0 then
   g = settle(chat, ttl, hist, keep_ms, wake, function(x, r) return r == me end)
 end
 flush()
-if marked and C.c >= CAP_HIGH then evict() end
+if marked and C.c >= high then evict(low, high) end
 if g and g[5] == me then return {'released', g[1], g[2], g[3], g[4]} end
 return {'released'}
 "#;
@@ -137,6 +151,17 @@ load(s, q, {'e', 'a' .. me, 'qe'})
 local seen = C.v['a' .. me]
 if not held() then settle(chat, ttl, hist, keep_ms, wake, function(x) return x == t end) end
 if held() and C.t == t then
+  -- The caller is alive: its later tickets in this chat stay so too (the re-check
+  -- asks about its earliest ticket only, and a grant may wait a while to be used).
+  put('a' .. me, num(C.now + ttl * 1000))
+  if C.n > 0 then keep_queue(ttl, false) end
+  -- Renewed as the holder's own renewal would, never shortened: the caller counts the
+  -- lease from this call, with no further round trip before using it.
+  local u = C.now + ttl * 1000
+  if u > C.u then
+    C.u, C.hd = u, true
+    keep_until(u, keep_ms)
+  end
   flush()
   return holder_reply('granted')
 end
