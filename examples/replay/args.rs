@@ -30,6 +30,8 @@ options:
                            [default: memory]
   --redis-url URL          the Redis server, e.g. redis://127.0.0.1:6379 (with --backend redis)
   --key-prefix P           Redis key prefix [default: a fresh replay-<pid>-<nanos> per run]
+  --dedup-ids N            handled message ids each chat remembers at least (Redis)
+                           [default: the library's, 64]
   --lease-ttl DURATION     Redis lease TTL, e.g. 10s, 2s (with --backend redis) [default: 10s]
   --processes              run each replica as its own OS process (needs --backend redis);
                            --senders is then the intake threads of each replica process
@@ -91,6 +93,8 @@ pub struct Options {
     pub key_prefix: Option<String>,
     /// The Redis lease TTL; `None`: the library's default.
     pub lease_ttl: Option<Duration>,
+    /// The Redis `dedup_ids` option; `None`: the library's default.
+    pub dedup_ids: Option<usize>,
     /// Whether each replica runs as its own OS process.
     pub processes: bool,
     /// With `processes`: SIGKILL one replica once this fraction of the updates was
@@ -133,6 +137,7 @@ impl Options {
             redis_url: None,
             key_prefix: None,
             lease_ttl: None,
+            dedup_ids: None,
             processes: false,
             kill_replica_at: None,
             max_backlog: None,
@@ -246,6 +251,18 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String
                 }
                 o.key_prefix = Some(v);
             }
+            Long("dedup-ids") => {
+                let v = text(&mut parser, "--dedup-ids")?;
+                match v.parse::<usize>() {
+                    Ok(n) if (1..=botmesh::MAX_DEDUP_IDS).contains(&n) => o.dedup_ids = Some(n),
+                    _ => {
+                        return Err(format!(
+                            "--dedup-ids: {v:?} is not a whole number from 1 to {}",
+                            botmesh::MAX_DEDUP_IDS
+                        ));
+                    }
+                }
+            }
             Long("lease-ttl") => {
                 let v = text(&mut parser, "--lease-ttl")?;
                 match humantime::parse_duration(&v) {
@@ -305,6 +322,7 @@ fn check_combination(o: &Options) -> Result<(), String> {
         ("--redis-url", o.redis_url.is_some()),
         ("--key-prefix", o.key_prefix.is_some()),
         ("--lease-ttl", o.lease_ttl.is_some()),
+        ("--dedup-ids", o.dedup_ids.is_some()),
         ("--processes", o.processes),
         ("--child-replica", o.child_replica.is_some()),
         ("--part", o.part.is_some()),
