@@ -76,7 +76,7 @@ struct FileMemory {
     #[serde(alias = "dedup_window_ms", alias = "dedupWindow")]
     #[serde(alias = "dedup_window")]
     dedup_window_ms: FileDuration<Any>,
-    #[serde(alias = "dedup_ids", deserialize_with = "value::dedup_ids")]
+    #[serde(alias = "dedup_ids", deserialize_with = "super::count::dedup_ids")]
     dedup_ids: Option<usize>,
 }
 

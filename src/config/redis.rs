@@ -27,7 +27,7 @@ struct FileRedis {
     #[serde(
         default,
         alias = "dedup_ids",
-        deserialize_with = "super::value::dedup_ids"
+        deserialize_with = "super::count::dedup_ids"
     )]
     dedup_ids: Option<usize>,
     #[serde(default, alias = "command_timeout_ms", alias = "commandTimeout")]

@@ -200,20 +200,3 @@ fn shorten(s: String) -> String {
     }
     s.chars().take(LIMIT - 1).chain(['…']).collect()
 }
-
-/// Reads `dedupIds`: a whole number from 1 to [`crate::MAX_DEDUP_IDS`], the handled
-/// message ids each chat remembers at least.
-pub(super) fn dedup_ids<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
-    let name = super::strict::name_or("dedupIds");
-    let expected = "a whole number of message ids per chat from 1 to 10000, such as 64";
-    read(
-        d,
-        Scalar(expected, |raw| match raw {
-            Raw::Whole(n) => {
-                let n = usize::try_from(n).unwrap_or(usize::MAX);
-                crate::coordinator::check_dedup_ids(&name, n).map(|()| Some(n))
-            }
-            raw => Err(raw.wrong(&name, expected, false)),
-        }),
-    )
-}

@@ -46,7 +46,7 @@ pub struct RedisOptions {
     pub dedup_window: Duration,
     /// How many handled message ids each chat remembers at least (1 to
     /// [`MAX_DEDUP_IDS`](crate::MAX_DEDUP_IDS), default
-    /// [`DEFAULT_DEDUP_IDS`](crate::DEFAULT_DEDUP_IDS), 64; `dedupIds` in files): a
+    /// [`DEFAULT_DEDUP_IDS`], 64; `dedupIds` in files): a
     /// chat's state hash keeps its newest `dedup_ids` to 1.5 × `dedup_ids` handled
     /// ids. Replicas sharing a server may differ; each release applies its own.
     pub dedup_ids: usize,
