@@ -279,6 +279,7 @@ impl Inner {
                     // A ticket whose enqueue has not answered yet may not have
                     // arrived: only a grant or a place found is news.
                     if !placed {
+                        log::debug!(target: "botmesh::replica", "re-check of ticket {seq} on chat {:?}, its enqueue unanswered since {:?} ago: {state:?}, ignored", shown_chat(chat), refreshed.map(|t| self.clock.now().saturating_duration_since(t)));
                         continue;
                     }
                     let age = refreshed.map(|t| self.clock.now().saturating_duration_since(t));
@@ -300,7 +301,12 @@ impl Inner {
             };
             match state {
                 // The re-check renewed it (see `Coordinator::renew`).
-                TicketState::Granted(grant) => self.deliver_from(chat, grant, Some(sent)),
+                TicketState::Granted(grant) => {
+                    log::debug!(target: "botmesh::replica", "re-check found grant {} on chat {:?}", grant.ticket, shown_chat(chat));
+                    // The check refreshed our liveness in the chat as it found the grant.
+                    self.waiting.lock().refreshed_chat(chat, sent);
+                    self.deliver_from(chat, grant, Some(sent));
+                }
                 TicketState::Waiting => self.waiting.lock().refreshed(*seq, sent),
                 TicketState::Lapsed => {
                     // Skipped because this replica's liveness lapsed (it was paused or
@@ -356,6 +362,8 @@ impl Inner {
     fn enqueue_again(self: &Arc<Self>, request: &EnqueueRequest<'_>) {
         let seq = request.ticket.seq;
         match self.coordinator.enqueue(request) {
+            // Not counted from this call: the ticket may have been granted long
+            // before (its reply lost), with a lease bounded by our liveness then.
             Ok(Enqueued::Granted(grant)) => self.deliver(request.chat, grant),
             Ok(Enqueued::Queued) => {
                 self.waiting.lock().mark_placed(seq);
