@@ -23,9 +23,10 @@
 -- redis.calls (TIME, HMGET, HSET), and their cost goes with the fields and arguments.
 --
 -- Dedup: the newest low..high handled marks of a chat are kept (low: the dedup_ids
--- option, high: 1.5 x low), the older ones evicted in batches (oldest token first). For numeric ids (no leading zero, at most 15
--- digits) the chat keeps a floor, the highest evicted id: an unknown numeric id at or
--- under it is answered duplicate, as ids rise per chat on Telegram. "hi" is the highest
+-- option, high: 1.5 x low), the older ones evicted in batches (oldest token first).
+-- For numeric ids (no leading zero, at most 15 digits) the chat keeps a floor, the
+-- highest evicted id: an unknown numeric id at or under it is answered duplicate, as
+-- ids rise per chat on Telegram. "hi" is the highest
 -- numeric id claimed; an unknown id under it shows the chat's ids do not rise, and turns
 -- the floor off for good (f = "x"), after which older ids are simply forgotten.
 local function now_us()

@@ -7,7 +7,8 @@ pub(super) const PRELUDE: &str = include_str!("scripts.lua");
 /// The arguments every per-chat script takes: KEYS s (state), q (queue); ARGV chat,
 /// ticket, TTL ms, history ms, wake channel prefix, keep ms (how long the state outlives
 /// the chat's last grant: the larger of the history and the dedup window), message id
-/// (`""`: none, or dedup off), then the script's own.
+/// (`""`: none, or dedup off), then the script's own: `enqueue` the claim's lifetime
+/// (ms), `release` the token, the caller's replica and `dedup_ids`.
 pub(super) const CHAT_ARGS: &str = r#"
 local s, q = KEYS[1], KEYS[2]
 local chat, t = ARGV[1], ARGV[2]
