@@ -151,7 +151,9 @@ local me = replica_of(t)
 load(s, q, {'e', 'a' .. me, 'qe'})
 local seen = C.v['a' .. me]
 if not held() then settle(chat, ttl, hist, keep_ms, wake, function(x) return x == t end) end
-if held() and C.t == t then
+-- Held by this ticket or another of the caller's: the caller asks about its earliest
+-- ticket by sequence, and one queued again later stands behind later ones.
+if held() and replica_of(C.t) == me then
   -- The caller is alive: its later tickets in this chat stay so too (the re-check
   -- asks about its earliest ticket only, and a grant may wait a while to be used).
   put('a' .. me, num(C.now + ttl * 1000))

@@ -649,3 +649,39 @@ fn a_grant_whose_confirmation_fails_runs_on_the_lease_it_is_known_to_have() {
     *w.backend.cut_off.lock() = None;
     r_turn.release().expect("the lease still stood");
 }
+
+/// The backend skips a replica's lapsed tickets one by one, as each reaches the front
+/// of the queue; a later call (an enqueue, a re-check) makes the replica live again.
+/// When the earliest ticket of a chat answers lapsed, the later ones may still be
+/// queued: each is asked about, and only those skipped too are reported lost. Once all
+/// of them were reported, throwing away messages that would have run in order.
+#[test]
+fn a_lapsed_first_ticket_loses_only_the_later_tickets_skipped_too() {
+    let w = World::new();
+    let h = w.replica("h");
+    let r = w.replica("r");
+    let h_turn = turn(&take(&h, "chat", None));
+    let first = take(&r, "chat", None);
+    let second = take(&r, "chat", None);
+    // The backend answers that the earliest ticket was skipped (its follow-up
+    // question gets the memory backend's own answer: still queued).
+    *w.backend.rewrite_renewal.lock() = Some(Box::new(|renewal: &mut Renewal| {
+        for state in &mut renewal.waiting {
+            *state = crate::TicketState::Lapsed;
+        }
+    }));
+    tick(&r);
+    match first.try_recv() {
+        Ok(Err(NoTurn::Failed(e))) => assert_eq!(e.reason, crate::Reason::Lost),
+        other => panic!("expected the first message reported lost, got {other:?}"),
+    }
+    assert!(
+        second.try_recv().is_err(),
+        "the second ticket is still queued and keeps waiting"
+    );
+    // h hands the chat on to `first`, whose waiter is gone: r's next tick releases
+    // that grant, which hands the chat to `second`.
+    h_turn.release().expect("h releases");
+    tick(&r);
+    turn(&second).release().expect("second ran in order");
+}
