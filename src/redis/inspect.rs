@@ -1,4 +1,4 @@
-//! Read-only inspection for operators: plain reads (`GET`, `PTTL`, `LLEN`), `SCAN`
+//! Read-only inspection for operators: plain reads (`HMGET`, `LLEN`, `TIME`), `SCAN`
 //! with `COUNT` over the key prefix, and `PUBSUB CHANNELS` for the live replicas. No
 //! script runs, so nothing is taken, extended, broken or moved on.
 
@@ -10,8 +10,8 @@ use redis::{Connection, FromRedisValue, RedisError, Value};
 
 use super::keys::{ChatKeys, parse_ticket};
 use crate::coordinator::{
-    BackendError, ChatView, HolderView, LeaderView, LeaseName, MeshView, Previous, ReplicaId,
-    lease_name, stored_name,
+    BackendError, ChatView, HISTORY, HolderView, LeaderView, LeaseName, MeshView, Previous,
+    ReplicaId, lease_name, stored_name,
 };
 
 /// Keys `SCAN` looks at per call: enough to move fast, small enough that one call
@@ -58,46 +58,57 @@ fn chat_of(prefix: &str, key: &str, want: &str) -> Option<String> {
     Some(out)
 }
 
-/// What the reads of one chat answered.
+/// What the reads of one chat answered: fields `h` ("token,lease end µs,queue
+/// length,marks,ticket": the holder, or once free the last holder) and `p` ("token,replica"
+/// of the previous holder) of its state hash, its queue length, and the server's time
+/// (µs).
 struct Read {
-    holder: Option<String>,
-    pttl: i64,
+    fields: [Option<String>; 2],
     queued: usize,
-    last: Option<String>,
+    now_us: u64,
 }
 
 fn view_of(chat: &str, r: Read) -> ChatView {
-    let fields: Vec<&str> = r
-        .holder
+    let [h, p] = r.fields;
+    let mut parts = h.as_deref().unwrap_or("").splitn(5, ',');
+    let (k, u) = (parts.next(), parts.next());
+    let t = parts.nth(2);
+    let (pk, pr) = p
         .as_deref()
-        .map(|h| h.split('\0').collect())
-        .unwrap_or_default();
-    let holder = match fields.as_slice() {
-        [t, k, ..] if r.pttl > 0 => {
-            parse_ticket(t)
-                .zip(k.parse().ok())
-                .map(|(ticket, token)| HolderView {
-                    ticket,
-                    token,
-                    lease_left: Duration::from_millis(r.pttl.unsigned_abs()),
-                })
-        }
+        .and_then(|p| p.split_once(','))
+        .map_or((None, None), |(k, r)| (Some(k), Some(r)));
+    let ticket = t.and_then(parse_ticket);
+    let token: Option<u64> = k.and_then(|k| k.parse().ok());
+    let until: u64 = u.and_then(|u| u.parse().ok()).unwrap_or(0);
+    let holder = match (&ticket, token) {
+        (Some(ticket), Some(token)) if until >= r.now_us => Some(HolderView {
+            ticket: ticket.clone(),
+            token,
+            lease_left: Duration::from_micros(until - r.now_us),
+        }),
         _ => None,
     };
-    let previous = match (&holder, fields.as_slice()) {
-        (Some(_), [_, _, pr, pk, ..]) if !pr.is_empty() => pk.parse().ok().map(|token| Previous {
-            replica: Arc::from(*pr),
-            token,
-        }),
-        (Some(_), _) => None,
-        // Free: the last holder, from `l` (token NUL replica).
-        (None, _) => r.last.as_deref().and_then(|l| {
-            let (k, replica) = l.split_once('\0')?;
-            Some(Previous {
+    let previous = match &holder {
+        Some(_) => match (pr, pk.and_then(|k| k.parse().ok())) {
+            (Some(replica), Some(token)) if !replica.is_empty() => Some(Previous {
                 replica: Arc::from(replica),
-                token: k.parse().ok()?,
-            })
-        }),
+                token,
+            }),
+            _ => None,
+        },
+        // Free: the last holder, while the backend remembers it (a token is its
+        // grant's time in µs, or just above).
+        None => match (&ticket, token) {
+            (Some(ticket), Some(token))
+                if r.now_us.saturating_sub(token) <= HISTORY.as_micros() as u64 =>
+            {
+                Some(Previous {
+                    replica: ticket.replica.clone(),
+                    token,
+                })
+            }
+            _ => None,
+        },
     };
     ChatView {
         chat: chat.to_owned(),
@@ -124,30 +135,35 @@ fn typed<T: FromRedisValue>(v: Value) -> Result<T, BackendError> {
     redis::from_redis_value(v).map_err(|e| BackendError::new(format!("unexpected reply: {e}")))
 }
 
-/// Reads the given stored chats in one pipeline (4 reads each).
+/// Reads the given stored chats in one pipeline (2 reads each, and the time).
 fn read_chats(r: &impl Reads, stored: &[String]) -> Result<Vec<Read>, BackendError> {
     if stored.is_empty() {
         return Ok(Vec::new());
     }
     let mut pipe = redis::pipe();
+    pipe.cmd("TIME");
     for name in stored {
         let keys = ChatKeys::new(r.prefix(), name);
-        pipe.cmd("GET").arg(keys.key("h"));
-        pipe.cmd("PTTL").arg(keys.key("h"));
+        pipe.cmd("HMGET").arg(keys.key("s")).arg(&["h", "p"]);
         pipe.cmd("LLEN").arg(keys.key("q"));
-        pipe.cmd("GET").arg(keys.key("l"));
     }
-    type Row = (Option<String>, i64, usize, Option<String>);
     let replies: Vec<Value> = typed(r.read(&mut |con| pipe.query(con))?)?;
-    let mut out = Vec::with_capacity(stored.len());
     let mut it = replies.into_iter();
-    while let (Some(h), Some(p), Some(q), Some(l)) = (it.next(), it.next(), it.next(), it.next()) {
-        let row: Row = (typed(h)?, typed(p)?, typed(q)?, typed(l)?);
+    let (secs, micros): (u64, u64) = typed(
+        it.next()
+            .ok_or_else(|| BackendError::new("short pipeline reply from Redis"))?,
+    )?;
+    let now_us = secs * 1_000_000 + micros;
+    let mut out = Vec::with_capacity(stored.len());
+    while let (Some(h), Some(q)) = (it.next(), it.next()) {
+        let fields: Vec<Option<String>> = typed(h)?;
+        let fields: [Option<String>; 2] = fields
+            .try_into()
+            .map_err(|_| BackendError::new("short HMGET reply from Redis"))?;
         out.push(Read {
-            holder: row.0,
-            pttl: row.1,
-            queued: row.2,
-            last: row.3,
+            fields,
+            queued: typed(q)?,
+            now_us,
         });
     }
     Ok(out)
@@ -211,8 +227,8 @@ pub(super) fn inspect(r: &impl Reads, limit: usize) -> Result<MeshView, BackendE
     let mut names = BTreeSet::new();
     let truncated = scan_chats(
         r,
-        &format!("{p}:{{*}}:[hq]"),
-        &[":h", ":q"],
+        &format!("{p}:{{*}}:[sq]"),
+        &[":s", ":q"],
         limit,
         &mut names,
     )?;
@@ -220,8 +236,8 @@ pub(super) fn inspect(r: &impl Reads, limit: usize) -> Result<MeshView, BackendE
     let mut leaders = BTreeSet::new();
     let leaders_cut = scan_chats(
         r,
-        &format!("{p}:{{\0provider:*}}:[hq]"),
-        &[":h", ":q"],
+        &format!("{p}:{{\0provider:*}}:[sq]"),
+        &[":s", ":q"],
         limit,
         &mut leaders,
     )?;
@@ -281,8 +297,8 @@ mod tests {
             let key = ChatKeys::new("p*", chat).key("h");
             assert_eq!(chat_of("p*", &key, ":h").as_deref(), Some(chat), "{key}");
         }
-        let claim = ChatKeys::new("p", "c").claim("x}:h");
-        assert_eq!(chat_of("p", &claim, ":h"), None);
+        let other = ChatKeys::new("p", "c").key("x}:s");
+        assert_eq!(chat_of("p", &other, ":s"), None);
         assert_eq!(glob_escape("a*b[c]"), "a\\*b\\[c\\]");
     }
 }

@@ -1,65 +1,5 @@
 //! `RedisCoordinator`: turns shared by replicas in many processes and machines.
-//!
-//! # Protocol
-//!
-//! Each chat has up to five keys, all with the hash tag `{<chat>}` so that every script
-//! touches one Redis Cluster slot (`%`, `{` and `}` in chat ids are percent-encoded, so
-//! any UTF-8 id is safe and no two ids share keys). With prefix `P`:
-//!
-//! | key | type | holds | expiry |
-//! | --- | --- | --- | --- |
-//! | `P:{c}:h` | string | the holder: ticket, token, previous replica and token, NUL-separated | the lease TTL |
-//! | `P:{c}:q` | list | tickets in arrival order (FIFO) | 3 × TTL, extended by waiters, never shortened (a short-TTL replica must not cut a long-TTL waiter's queue) |
-//! | `P:{c}:w` | hash | replica → alive-until (µs, server clock) of its tickets here, refreshed every renewal | 3 × TTL, extended, never shortened |
-//! | `P:{c}:l` | string | the last grant's token and replica, NUL-separated | 1 h |
-//! | `P:{c}:m:<id>` | string | the ticket that claimed message `<id>`, or `!` once handled | the dedup window |
-//!
-//! A ticket is `<seq>:<replica>`. Five Lua scripts, loaded once and called by SHA
-//! (reloaded on `NOSCRIPT`, also inside pipelines), do all changes atomically:
-//!
-//! - `enqueue` (one round trip): duplicate check and claim (`duplicate` once handled,
-//!   `inflight` while a live ticket holds the claim unhandled); a free chat with an empty
-//!   queue is granted at once (about eight `redis.call`s), otherwise the ticket is
-//!   queued with `RPUSH`. Idempotent per ticket, so a retry after a lost
-//!   reply neither queues a ticket twice nor hands out a second token.
-//! - `release` (one round trip): if the holder is still this ticket and token, delete
-//!   it and hand the chat to the first live ticket in the queue; otherwise answer
-//!   `lost`. The grant is published to the new holder's replica on
-//!   `P:{wake}:<replica>` (unless it is the caller's own, which gets it in the reply).
-//! - `renew` and `check`: the renewal tick sends one pipeline (one round trip) with a
-//!   `renew` per held lease (`PEXPIRE` if still ours) and a `check` per chat the
-//!   replica waits on, for its earliest ticket there (refresh the liveness of all its
-//!   tickets in the chat, replace an expired holder, report granted / waiting /
-//!   lapsed (skipped because the replica's liveness lapsed: reported `lost`, never
-//!   re-queued, which would break the chat's order) / gone (no trace: lost with the
-//!   data, re-queued)).
-//!   A backlog of queued messages therefore adds nothing to a tick.
-//! - `cancel`: take a ticket whose wait ran out out of the queue (or report that it was
-//!   granted meanwhile) and give up its message claim.
-//!
-//! Fencing tokens are `max(last + 1, server time in µs)`. Tokens never run ahead of the
-//! clock (a grant takes far more than a microsecond), so they keep increasing after
-//! `P:{c}:l` expired, after Redis lost its data, and after Redis came back from an
-//! older snapshot or a lagging replica, as long as the Redis server's clock does not
-//! step back (a failover to a
-//! server whose clock is behind by more than the chat's idle time could break that;
-//! keep clocks synchronised).
-//!
-//! Tickets whose replica stopped renewing lapse (its alive-until passes) and are skipped
-//! at hand-over; a grant's lease runs to the grantee's alive-until (set from the
-//! grantee's own TTL, so replicas with different TTLs each get leases they can renew),
-//! so a crashed replica costs the others at most about one TTL in all.
-//!
-//! Each replica has one subscriber thread on its wake channel; a lost wake-up (killed
-//! connection, Redis restart) is covered by the `check` in the next renewal tick.
-//! Connections are pooled and reused; a call that fails on a broken connection is
-//! retried once on a fresh one. All scripts are safe to repeat: a repeated `release`
-//! of a handled message recognises its own first run by the claim (`!` and the
-//! ticket); one without a message id may still answer `lost` for a release that had
-//! in fact succeeded.
-//!
-//! Round trips per message: 2 when the chat is free (enqueue, release), plus the pub/sub
-//! push when it has to wait. Renewal: 1 per tick per replica, whatever it holds.
+#![doc = include_str!("protocol.md")]
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -68,13 +8,13 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use redis::{Client, Connection, ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use redis::{Client, Cmd, Connection, ErrorKind, RedisError, ServerErrorKind, Value};
 use serde::Deserialize;
 
 use crate::coordinator::{
-    BackendError, CHECKPOINT_TTL, ChatView, Coordinator, DEFAULT_DEDUP_WINDOW, DEFAULT_LEASE_TTL,
-    EnqueueRequest, Enqueued, Grant, GrantSink, HISTORY, HeldLease, MeshView, Released, Renewal,
-    ReplicaId, TicketState, Token, Waiting,
+    BackendError, CHECKPOINT_TTL, ChatView, Coordinator, DEFAULT_DEDUP_IDS, DEFAULT_DEDUP_WINDOW,
+    DEFAULT_LEASE_TTL, EnqueueRequest, Enqueued, Grant, GrantSink, HISTORY, HeldLease, MeshView,
+    Released, Renewal, ReplicaId, TicketState, Token, Waiting,
 };
 
 mod inspect;
@@ -104,6 +44,12 @@ pub struct RedisOptions {
     pub lease_ttl: Duration,
     /// Duplicate-suppression window; zero turns it off. Default 10 min.
     pub dedup_window: Duration,
+    /// How many handled message ids each chat remembers at least (1 to
+    /// [`MAX_DEDUP_IDS`](crate::MAX_DEDUP_IDS), default
+    /// [`DEFAULT_DEDUP_IDS`], 64; `dedupIds` in files): a
+    /// chat's state hash keeps its newest `dedup_ids` to 1.5 × `dedup_ids` handled
+    /// ids. Replicas sharing a server may differ; each release applies its own.
+    pub dedup_ids: usize,
     /// Connect, read and write timeout of every Redis call. Default 2 s, or a third of
     /// the lease TTL when that is shorter (set through
     /// [`with_lease_ttl`](RedisOptions::with_lease_ttl)); must stay under half the
@@ -122,6 +68,7 @@ impl std::fmt::Debug for RedisOptions {
             .field("key_prefix", &self.key_prefix)
             .field("lease_ttl", &self.lease_ttl)
             .field("dedup_window", &self.dedup_window)
+            .field("dedup_ids", &self.dedup_ids)
             .field("command_timeout", &self.command_timeout)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .finish()
@@ -156,6 +103,7 @@ impl RedisOptions {
             key_prefix: "botmesh".into(),
             lease_ttl: DEFAULT_LEASE_TTL,
             dedup_window: DEFAULT_DEDUP_WINDOW,
+            dedup_ids: DEFAULT_DEDUP_IDS,
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             password: None,
         }
@@ -207,6 +155,13 @@ impl RedisOptions {
     /// Sets the duplicate-suppression window.
     pub fn with_dedup_window(mut self, window: Duration) -> Self {
         self.dedup_window = window;
+        self
+    }
+
+    /// Sets [`dedup_ids`](Self::dedup_ids), checked at
+    /// [`connect`](RedisCoordinator::connect).
+    pub fn with_dedup_ids(mut self, n: usize) -> Self {
+        self.dedup_ids = n;
         self
     }
 
@@ -281,6 +236,13 @@ fn describe_at(server: &str, timeout: Duration, e: &RedisError) -> BackendError 
     }
 }
 
+/// Whether Redis lost the function library (a restart without persistence, or
+/// `FUNCTION FLUSH`): it is loaded again and the call retried.
+fn forgot_functions(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+        || e.to_string().contains("Function not found")
+}
+
 fn is_transient(e: &RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_unrecoverable_error()
 }
@@ -292,7 +254,8 @@ impl RedisCoordinator {
     /// # Errors
     /// [`BackendError`] for an invalid URL or key prefix, a lease TTL under 10 ms, a
     /// command timeout of half the lease TTL or more (a renewal that times out and is
-    /// retried would outlast the lease), or when Redis cannot be reached or refuses
+    /// retried would outlast the lease), a `dedup_ids` of 0 or over
+    /// [`MAX_DEDUP_IDS`](crate::MAX_DEDUP_IDS), or when Redis cannot be reached or refuses
     /// the credentials.
     pub fn connect(options: RedisOptions) -> Result<Self, BackendError> {
         if options.key_prefix.contains(['{', '}']) {
@@ -322,6 +285,8 @@ impl RedisCoordinator {
             }
         }
         check_timeout_fits_lease(&options).map_err(BackendError::new)?;
+        crate::coordinator::check_dedup_ids("dedup_ids", options.dedup_ids)
+            .map_err(BackendError::new)?;
         let client = Client::open(
             connection_info(&options.url, options.password.as_deref())
                 .map_err(BackendError::new)?,
@@ -381,10 +346,11 @@ impl RedisCoordinator {
     }
 
     fn load_scripts(&self, con: &mut Connection) -> Result<(), RedisError> {
-        for s in self.scripts.all() {
-            s.load(con)?;
-        }
-        Ok(())
+        redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(&self.scripts.source)
+            .exec(con)
     }
 
     /// Runs `f` on a pooled connection; on a broken connection retries once on a fresh
@@ -410,9 +376,7 @@ impl RedisCoordinator {
                     }
                     return Ok(v);
                 }
-                Err(e)
-                    if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) && attempts < 3 =>
-                {
+                Err(e) if forgot_functions(&e) && attempts < 3 => {
                     log::info!(target: "botmesh::redis", "Redis forgot the scripts; loading them again");
                     self.load_scripts(&mut con).map_err(|e| self.describe(&e))?;
                     self.pool.lock().push(con);
@@ -433,28 +397,34 @@ impl RedisCoordinator {
         }
     }
 
-    fn chat_invocation<'a>(
+    fn chat_invocation(
         &self,
-        script: &'a Script,
+        function: &str,
         keys: &ChatKeys,
-        claim: Option<&str>,
+        message_id: Option<&str>,
         chat: &str,
         ticket: &str,
-    ) -> redis::ScriptInvocation<'a> {
-        let mut inv = script.prepare_invoke();
-        inv.key(keys.key("h"))
-            .key(keys.key("q"))
-            .key(keys.key("w"))
-            .key(keys.key("l"));
-        if let Some(id) = claim {
-            inv.key(keys.claim(id));
-        }
-        inv.arg(chat)
+    ) -> Cmd {
+        let mut inv = redis::cmd("FCALL");
+        inv.arg(function)
+            .arg(2)
+            .arg(keys.key("s"))
+            .arg(keys.key("q"))
+            .arg(chat)
             .arg(ticket)
             .arg(self.ttl_ms)
             .arg(HISTORY.as_millis() as u64)
-            .arg(self.wake_prefix());
+            .arg(self.wake_prefix())
+            .arg(self.keep_ms())
+            .arg(message_id.filter(|_| self.dedup_on()).unwrap_or(""));
         inv
+    }
+
+    /// How long a chat's state outlives its last grant, ms: the history and the dedup
+    /// window both fit.
+    fn keep_ms(&self) -> u64 {
+        let keep = HISTORY.max(self.options.dedup_window);
+        u64::try_from(keep.as_millis()).unwrap_or(u64::MAX)
     }
 
     fn wake_prefix(&self) -> String {
@@ -635,8 +605,13 @@ impl Coordinator for RedisCoordinator {
     fn enqueue(&self, req: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError> {
         let keys = ChatKeys::new(&self.options.key_prefix, req.chat);
         let ticket = ticket_str(req.ticket);
-        let claim = req.message_id.filter(|_| self.dedup_on());
-        let mut inv = self.chat_invocation(&self.scripts.enqueue, &keys, claim, req.chat, &ticket);
+        let mut inv = self.chat_invocation(
+            &self.scripts.enqueue,
+            &keys,
+            req.message_id,
+            req.chat,
+            &ticket,
+        );
         // The claim outlives the message's wait (and one lease more), also under a
         // dedup window shorter than that: a claim that expired while its message still
         // waited would let a redelivery run the message a second time.
@@ -645,7 +620,7 @@ impl Coordinator for RedisCoordinator {
             .dedup_window
             .max(req.wait.saturating_add(self.options.lease_ttl));
         inv.arg(u64::try_from(claim_for.as_millis()).unwrap_or(u64::MAX));
-        let reply: Vec<String> = self.with_conn(|con| inv.invoke(con))?;
+        let reply: Vec<String> = self.with_conn(|con| inv.query(con))?;
         match reply.first().map(String::as_str) {
             Some("granted") => Ok(Enqueued::Granted(grant_from(&reply)?)),
             Some("queued") => Ok(Enqueued::Queued),
@@ -662,15 +637,17 @@ impl Coordinator for RedisCoordinator {
         data: Option<&str>,
     ) -> Result<bool, BackendError> {
         let keys = ChatKeys::new(&self.options.key_prefix, chat);
-        let mut inv = self.scripts.write_checkpoint.prepare_invoke();
-        inv.key(keys.key("h"))
-            .key(keys.key("c"))
+        let mut inv = redis::cmd("FCALL");
+        inv.arg(&self.scripts.write_checkpoint)
+            .arg(2)
+            .arg(keys.key("s"))
+            .arg(keys.key("c"))
             .arg(token)
             .arg(u64::try_from(CHECKPOINT_TTL.as_millis()).unwrap_or(u64::MAX));
         if let Some(data) = data {
             inv.arg(data);
         }
-        let applied: i64 = self.with_conn(|con| inv.invoke(con))?;
+        let applied: i64 = self.with_conn(|con| inv.query(con))?;
         Ok(applied == 1)
     }
 
@@ -694,9 +671,8 @@ impl Coordinator for RedisCoordinator {
     fn cancel(&self, w: &Waiting<'_>) -> Result<Option<Grant>, BackendError> {
         let keys = ChatKeys::new(&self.options.key_prefix, w.chat);
         let ticket = ticket_str(w.ticket);
-        let claim = w.message_id.filter(|_| self.dedup_on());
-        let inv = self.chat_invocation(&self.scripts.cancel, &keys, claim, w.chat, &ticket);
-        let reply: Vec<String> = self.with_conn(|con| inv.invoke(con))?;
+        let inv = self.chat_invocation(&self.scripts.cancel, &keys, w.message_id, w.chat, &ticket);
+        let reply: Vec<String> = self.with_conn(|con| inv.query(con))?;
         match reply.first().map(String::as_str) {
             Some("granted") => Ok(Some(grant_from(&reply)?)),
             Some("cancelled") => Ok(None),
@@ -711,12 +687,12 @@ impl Coordinator for RedisCoordinator {
     ) -> Result<Released, BackendError> {
         let keys = ChatKeys::new(&self.options.key_prefix, lease.chat);
         let ticket = ticket_str(lease.ticket);
-        let claim = handled.filter(|_| self.dedup_on());
         let mut inv =
-            self.chat_invocation(&self.scripts.release, &keys, claim, lease.chat, &ticket);
+            self.chat_invocation(&self.scripts.release, &keys, handled, lease.chat, &ticket);
         inv.arg(lease.token.to_string())
-            .arg(lease.ticket.replica.as_ref());
-        let reply: Vec<String> = self.with_conn(|con| inv.invoke(con))?;
+            .arg(lease.ticket.replica.as_ref())
+            .arg(self.options.dedup_ids);
+        let reply: Vec<String> = self.with_conn(|con| inv.query(con))?;
         match reply.first().map(String::as_str) {
             Some("released") if reply.len() >= 5 => Ok(Released::Released {
                 next: Some(grant_from(&reply)?),
@@ -744,34 +720,34 @@ impl Coordinator for RedisCoordinator {
         if held.is_empty() && waiting.is_empty() {
             return Ok(Renewal::default());
         }
-        let renew_sha = self.scripts.renew.get_hash().to_owned();
-        let check_sha = self.scripts.check.get_hash().to_owned();
+        let (renew, check) = (&self.scripts.renew, &self.scripts.check);
         let mut pipe = redis::pipe();
         for lease in held {
             let keys = ChatKeys::new(&self.options.key_prefix, lease.chat);
-            pipe.cmd("EVALSHA")
-                .arg(&renew_sha)
+            pipe.cmd("FCALL")
+                .arg(renew)
                 .arg(1)
-                .arg(keys.key("h"))
+                .arg(keys.key("s"))
                 .arg(ticket_str(lease.ticket))
                 .arg(lease.token.to_string())
-                .arg(self.ttl_ms);
+                .arg(self.ttl_ms)
+                .arg(self.keep_ms());
         }
         let wake = self.wake_prefix();
         for w in waiting {
             let keys = ChatKeys::new(&self.options.key_prefix, w.chat);
-            pipe.cmd("EVALSHA")
-                .arg(&check_sha)
-                .arg(4)
-                .arg(keys.key("h"))
+            pipe.cmd("FCALL")
+                .arg(check)
+                .arg(2)
+                .arg(keys.key("s"))
                 .arg(keys.key("q"))
-                .arg(keys.key("w"))
-                .arg(keys.key("l"))
                 .arg(w.chat)
                 .arg(ticket_str(w.ticket))
                 .arg(self.ttl_ms)
                 .arg(HISTORY.as_millis() as u64)
-                .arg(&wake);
+                .arg(&wake)
+                .arg(self.keep_ms())
+                .arg("");
         }
         let replies: Vec<Value> = self.with_conn(|con| pipe.query(con))?;
         if replies.len() != held.len() + waiting.len() {
