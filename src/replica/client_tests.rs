@@ -624,32 +624,6 @@ fn a_later_ticket_counts_its_liveness_from_the_chats_latest_refresh() {
     turn(&second).release().expect("r held the chat throughout");
 }
 
-/// A grant with little of its lease left is confirmed before use; when that round trip
-/// fails (not refused: it did not get through), the lease is still known to last
-/// until the grantee's liveness runs out, so the turn runs on what is left instead of
-/// being reported lost while the backend holds it.
-#[test]
-fn a_grant_whose_confirmation_fails_runs_on_the_lease_it_is_known_to_have() {
-    let w = World::new();
-    let h = w.replica("h");
-    let r = w.replica("r");
-    let h_turn = turn(&take(&h, "chat", None));
-    let waiting = take(&r, "chat", None);
-    // r's renewals fail from now on; its liveness lasts until 10 s.
-    *w.backend.cut_off.lock() = Some(r.id.clone());
-    for step in [3, 3, 2] {
-        w.clock.advance(Duration::from_secs(step));
-        tick(&h);
-        tick(&r);
-    }
-    // At 8 s h hands the chat on: 2 s of r's liveness are left, under a renewal
-    // period, so r confirms, and that fails.
-    h_turn.release().expect("h releases");
-    let r_turn = turn(&waiting);
-    *w.backend.cut_off.lock() = None;
-    r_turn.release().expect("the lease still stood");
-}
-
 /// The backend skips a replica's lapsed tickets one by one, as each reaches the front
 /// of the queue; a later call (an enqueue, a re-check) makes the replica live again.
 /// When the earliest ticket of a chat answers lapsed, the later ones may still be

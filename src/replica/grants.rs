@@ -128,14 +128,10 @@ impl Inner {
             Ok(r) if r.held.first() == Some(&true) => {
                 self.grant_to(w, grant, true, now + self.trusted);
             }
-            // The confirmation did not get through (a slow link, a starved host), but
-            // the lease is known to last until `until`: use what is left of it rather
-            // than drop a turn the backend still holds for us. Not after a stall,
-            // when what this thread knows may be older than it looks.
-            Err(_) if !stalled && until > self.clock.now() => {
-                inc(&self.metrics.backend_errors);
-                self.grant_to(w, grant, true, until);
-            }
+            // A confirmation that did not get through is not used as one: it fails
+            // most often in a failover, when the new primary may never have seen the
+            // grant (asynchronous replication) and grants the chat on; running on what
+            // this replica believed of the lease would then overlap the next holder.
             answer => {
                 if answer.is_err() {
                     inc(&self.metrics.backend_errors);
