@@ -1,14 +1,16 @@
 //! Read-only inspection for operators: plain reads (`GET`, `PTTL`, `LLEN`), `SCAN`
-//! with `COUNT` over the key prefix, and `PUBSUB CHANNELS` for the live replicas. No
-//! script runs, so nothing is taken, extended, broken or moved on.
+//! with `COUNT` over the key prefix (on every primary of a cluster), and `PUBSUB
+//! CHANNELS` for the live replicas (on every node: a subscriber shows only on its
+//! own). No script runs, so nothing is taken, extended, broken or moved on.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{Connection, FromRedisValue, RedisError, Value};
+use redis::{Cmd, FromRedisValue, Value};
 
 use super::keys::{ChatKeys, parse_ticket};
+use super::target::Target;
 use crate::coordinator::{
     BackendError, ChatView, HolderView, LeaderView, LeaseName, MeshView, Previous, ReplicaId,
     lease_name, stored_name,
@@ -107,38 +109,41 @@ fn view_of(chat: &str, r: Read) -> ChatView {
     }
 }
 
-/// What an inspection needs from the coordinator: its prefixes and a connection.
+/// What an inspection needs from the coordinator: its prefixes and its servers.
 pub(super) trait Reads {
     /// The key prefix.
     fn prefix(&self) -> &str;
     /// The prefix of the replicas' wake channels.
     fn wake_prefix(&self) -> String;
-    /// Runs `f` on a pooled connection (with the coordinator's retry).
-    fn read(
-        &self,
-        f: &mut dyn FnMut(&mut Connection) -> Result<Value, RedisError>,
-    ) -> Result<Value, BackendError>;
+    /// Where commands go.
+    fn target(&self) -> &Target;
 }
 
 fn typed<T: FromRedisValue>(v: Value) -> Result<T, BackendError> {
     redis::from_redis_value(v).map_err(|e| BackendError::new(format!("unexpected reply: {e}")))
 }
 
-/// Reads the given stored chats in one pipeline (4 reads each).
+/// Reads the given stored chats in one pipeline per node (4 reads each).
 fn read_chats(r: &impl Reads, stored: &[String]) -> Result<Vec<Read>, BackendError> {
     if stored.is_empty() {
         return Ok(Vec::new());
     }
-    let mut pipe = redis::pipe();
+    let mut cmds: Vec<(u16, Cmd)> = Vec::with_capacity(stored.len() * 4);
     for name in stored {
         let keys = ChatKeys::new(r.prefix(), name);
-        pipe.cmd("GET").arg(keys.key("h"));
-        pipe.cmd("PTTL").arg(keys.key("h"));
-        pipe.cmd("LLEN").arg(keys.key("q"));
-        pipe.cmd("GET").arg(keys.key("l"));
+        let slot = keys.slot();
+        cmds.push((slot, redis::cmd("GET").arg(keys.key("h")).clone()));
+        cmds.push((slot, redis::cmd("PTTL").arg(keys.key("h")).clone()));
+        cmds.push((slot, redis::cmd("LLEN").arg(keys.key("q")).clone()));
+        cmds.push((slot, redis::cmd("GET").arg(keys.key("l")).clone()));
     }
     type Row = (Option<String>, i64, usize, Option<String>);
-    let replies: Vec<Value> = typed(r.read(&mut |con| pipe.query(con))?)?;
+    let refs: Vec<(u16, &Cmd)> = cmds.iter().map(|(s, c)| (*s, c)).collect();
+    let replies = r
+        .target()
+        .run(&refs)
+        .into_iter()
+        .collect::<Result<Vec<Value>, BackendError>>()?;
     let mut out = Vec::with_capacity(stored.len());
     let mut it = replies.into_iter();
     while let (Some(h), Some(p), Some(q), Some(l)) = (it.next(), it.next(), it.next(), it.next()) {
@@ -158,8 +163,9 @@ fn read_chats(r: &impl Reads, stored: &[String]) -> Result<Vec<Read>, BackendErr
 /// the walk.
 const SCAN_CALLS: usize = 100;
 
-/// `SCAN … MATCH pattern COUNT n` until the end, until `found` holds `limit` names or
-/// after [`SCAN_CALLS`] calls; returns whether it stopped early.
+/// `SCAN … MATCH pattern COUNT n` on every primary until the end, until `found`
+/// holds `limit` names or after [`SCAN_CALLS`] calls in all; returns whether it
+/// stopped early.
 fn scan_chats(
     r: &impl Reads,
     pattern: &str,
@@ -168,33 +174,41 @@ fn scan_chats(
     found: &mut BTreeSet<String>,
 ) -> Result<bool, BackendError> {
     let prefix = r.prefix();
-    let mut cursor: u64 = 0;
-    for _ in 0..SCAN_CALLS {
-        // Raw bytes: a key under the prefix that is not UTF-8 (not botmesh's) is
-        // skipped rather than failing the whole view.
-        let (next, keys): (u64, Vec<Vec<u8>>) = typed(r.read(&mut |con| {
-            redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT)
-                .query(con)
-        })?)?;
-        for key in keys.into_iter().filter_map(|k| String::from_utf8(k).ok()) {
-            if let Some(name) = suffixes.iter().find_map(|s| chat_of(prefix, &key, s)) {
-                found.insert(name);
+    let nodes = r.target().primaries();
+    let mut calls = 0;
+    for node in &nodes {
+        let mut cursor: u64 = 0;
+        loop {
+            if calls == SCAN_CALLS {
+                return Ok(true);
             }
+            calls += 1;
+            // Raw bytes: a key under the prefix that is not UTF-8 (not botmesh's) is
+            // skipped rather than failing the whole view.
+            let (next, keys): (u64, Vec<Vec<u8>>) = typed(r.target().on_node(node, &mut |con| {
+                redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(SCAN_COUNT)
+                    .query(con)
+            })?)?;
+            for key in keys.into_iter().filter_map(|k| String::from_utf8(k).ok()) {
+                if let Some(name) = suffixes.iter().find_map(|s| chat_of(prefix, &key, s)) {
+                    found.insert(name);
+                }
+            }
+            if found.len() > limit {
+                return Ok(true);
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
         }
-        if found.len() > limit {
-            return Ok(true);
-        }
-        if next == 0 {
-            return Ok(false);
-        }
-        cursor = next;
     }
-    Ok(true)
+    Ok(false)
 }
 
 pub(super) fn inspect_chat(r: &impl Reads, chat: &str) -> Result<ChatView, BackendError> {
@@ -255,18 +269,22 @@ pub(super) fn inspect(r: &impl Reads, limit: usize) -> Result<MeshView, BackendE
     }
     let wake = r.wake_prefix();
     let pattern = format!("{}*", glob_escape(&wake));
-    let channels: Vec<String> = typed(r.read(&mut |con| {
-        redis::cmd("PUBSUB")
-            .arg("CHANNELS")
-            .arg(&pattern)
-            .query(con)
-    })?)?;
-    let mut replicas: Vec<ReplicaId> = channels
+    let mut channels: BTreeSet<String> = BTreeSet::new();
+    for node in r.target().all_nodes() {
+        let here: Vec<String> = typed(r.target().on_node(&node, &mut |con| {
+            redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .arg(&pattern)
+                .query(con)
+        })?)?;
+        channels.extend(here);
+    }
+    // Sorted and without repeats (a set).
+    let replicas: Vec<ReplicaId> = channels
         .iter()
         .filter_map(|c| c.strip_prefix(&wake))
         .map(Arc::from)
         .collect();
-    replicas.sort();
     view.replicas = replicas;
     Ok(view)
 }

@@ -1,6 +1,6 @@
 //! The Lua scripts of the turn protocol, loaded once and called by SHA.
 
-use redis::Script;
+use redis::{Connection, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind};
 
 pub(super) const PRELUDE: &str = include_str!("scripts.lua");
 
@@ -154,7 +154,22 @@ impl Scripts {
         }
     }
 
-    pub(super) fn all(&self) -> [&Script; 6] {
+    /// Loads every script on one server (`SCRIPT LOAD` each): called on every
+    /// primary at connect and on a node that answered `NOSCRIPT`.
+    pub(super) fn load(&self, con: &mut Connection) -> RedisResult<()> {
+        for s in self.all() {
+            s.load(con)?;
+        }
+        Ok(())
+    }
+
+    /// Whether `e` says the server does not have the scripts (restarted without
+    /// them, flushed, or a replica promoted: scripts are not replicated).
+    pub(super) fn is_missing(e: &RedisError) -> bool {
+        e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+    }
+
+    fn all(&self) -> [&Script; 6] {
         [
             &self.enqueue,
             &self.release,

@@ -49,11 +49,15 @@ fn bad_port(url: &str) -> Option<&str> {
 
 /// The client's connection settings: the URL, with `password` (given apart from the
 /// URL, e.g. from an environment variable) taking the place of any password in it.
-pub(super) fn connection_info(url: &str, password: Option<&str>) -> Result<ConnectionInfo, String> {
-    check_parses("url", url)?;
+pub(super) fn connection_info(
+    field: &str,
+    url: &str,
+    password: Option<&str>,
+) -> Result<ConnectionInfo, String> {
+    check_parses(field, url)?;
     let info = url
         .into_connection_info()
-        .map_err(|e| format!("url: not a usable Redis URL ({e})"))?;
+        .map_err(|e| format!("{field}: not a usable Redis URL ({e})"))?;
     Ok(match password {
         Some(pw) => {
             let settings = info.redis_settings().clone().set_password(pw);
