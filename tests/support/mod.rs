@@ -2,6 +2,8 @@
 //!
 //! - [`RedisServer`]: a real `redis-server` on a free loopback port (also used by the
 //!   examples, which include `redis_server.rs` alone);
+//! - `redis_cluster` (feature `redis`): a real Redis Cluster of 3 primaries and 3
+//!   replicas, with failover, SIGKILL and slot migration;
 //! - [`Proxy`]: a loopback TCP proxy that can lose a reply;
 //! - [`serial`]: runs timing-bound tests of one test binary one at a time;
 //! - [`transport`]: the test platform with exclusive sessions and its client provider,
@@ -18,6 +20,8 @@ pub mod fake_telegram;
 #[cfg(feature = "redis")]
 pub mod process;
 pub mod proxy;
+#[cfg(feature = "redis")]
+pub mod redis_cluster;
 pub mod redis_server;
 pub mod transport;
 
