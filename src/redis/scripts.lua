@@ -11,6 +11,12 @@
 --               handled it (so a retried release after a lost reply is recognised)
 -- A ticket is "<seq>:<replica>". Times are Redis TIME in microseconds. Every
 -- redis.call costs about a microsecond, so the uncontended paths make few.
+-- Redis Cluster rule: while a chat's slot is being migrated, the source node runs a
+-- script only if every declared key is there (else TRYAGAIN or ASK, which the client
+-- retries), and fails any call on a key that is missing, aborting the script midway
+-- with its earlier writes kept. So a script never touches a key again after it
+-- deleted or emptied it (release overwrites the holder instead of deleting it
+-- first; settle pops the queue at most its length).
 local SEP = '\0'
 local function split(s)
   local out, i = {}, 1
@@ -68,7 +74,10 @@ end
 -- queue, skipping lapsed ones. Returns the grant or nil.
 local function settle(h, q, w, l, chat, ttl, hist, wake, keep)
   local now = nil
-  while true do
+  -- Popped at most as many times as it holds: the pop that empties the list deletes
+  -- it, and touching a deleted key again fails the script midway while its slot is
+  -- being migrated (see the header).
+  for _ = 1, redis.call('LLEN', q) do
     local t = redis.call('LPOP', q)
     if not t then return nil end
     local alive = tonumber(redis.call('HGET', w, replica_of(t)))
@@ -87,6 +96,7 @@ local function settle(h, q, w, l, chat, ttl, hist, wake, keep)
       return grant(h, l, chat, t, now, lease, hist, wake, keep)
     end
   end
+  return nil
 end
 -- The holder of the chat, after handing a free chat on; a grant to ticket t itself is
 -- not published (the caller answers with it).

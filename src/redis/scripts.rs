@@ -63,9 +63,11 @@ if not hv or hv[1] ~= t or hv[2] ~= ARGV[6] then
   if m and redis.call('GET', m) == '!' .. t then return {'released'} end
   return {'lost'}
 end
-redis.call('DEL', h)
 if m and redis.call('GET', m) == t then redis.call('SET', m, '!' .. t, 'KEEPTTL') end
+-- The next grant overwrites the holder; deleted only when nobody is next (a key
+-- deleted and then written again fails mid-script during a slot migration).
 local g = settle(h, q, w, l, chat, ttl, hist, wake, function(x, r) return r == me end)
+if not g then redis.call('DEL', h) end
 if g and g[5] == me then return {'released', g[1], g[2], g[3], g[4]} end
 return {'released'}
 "#;
