@@ -67,8 +67,12 @@ fn bots(cluster: &RedisCluster) -> Run {
     let (out_tx, outcomes) = unbounded::<(String, String)>();
     let mut bots = Vec::new();
     for id in ["a", "b"] {
-        let (started_tx, gate_rx, out_tx, log) =
-            (started_tx.clone(), gate_rx.clone(), out_tx.clone(), log.clone());
+        let (started_tx, gate_rx, out_tx, log) = (
+            started_tx.clone(),
+            gate_rx.clone(),
+            out_tx.clone(),
+            log.clone(),
+        );
         let c = coordinator(cluster);
         bots.push(
             Bot::builder()
@@ -84,7 +88,8 @@ fn bots(cluster: &RedisCluster) -> Run {
                         if was {
                             l.overlaps += 1;
                         }
-                        l.starts.push((chat.clone(), text.clone(), ctx.turn().fencing_token()));
+                        l.starts
+                            .push((chat.clone(), text.clone(), ctx.turn().fencing_token()));
                     }
                     let _ = started_tx.send(text.clone());
                     if text == "hold" {
@@ -168,7 +173,10 @@ fn scenario(
     let mut ended: HashMap<String, String> = HashMap::new();
     for _ in 0..=WAITERS {
         let (text, what) = run.outcomes.recv_timeout(RECV).expect("every message ends");
-        assert!(ended.insert(text.clone(), what).is_none(), "{text} ended twice");
+        assert!(
+            ended.insert(text.clone(), what).is_none(),
+            "{text} ended twice"
+        );
     }
     // New messages flow on the changed cluster, and nothing ends a second time.
     run.bots[1]
@@ -185,7 +193,10 @@ fn scenario(
         .filter(|s| s.0 == hot)
         .map(|s| s.2)
         .collect();
-    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens rise: {tokens:?}");
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens rise: {tokens:?}"
+    );
     // The chat on a healthy primary kept its turn through the fault.
     assert!(!cold_turn.is_lost(), "the cold chat's turn survived");
     cold_turn.release().expect("cold release");
@@ -213,7 +224,10 @@ fn manual_failover_mid_turn() {
     });
     eprintln!("manual failover took {took:?}");
     assert!(ended.values().all(|w| w == "handled"), "{ended:?}");
-    assert_eq!(cluster.primary_of(cluster.keyslot(&format!("botmesh:{{{hot}}}:h"))), replica);
+    assert_eq!(
+        cluster.primary_of(cluster.keyslot(&format!("botmesh:{{{hot}}}:h"))),
+        replica
+    );
 }
 
 /// The hot primary SIGKILLed while the chat is held; its replica takes over after

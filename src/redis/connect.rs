@@ -9,9 +9,8 @@ use crate::coordinator::BackendError;
 /// Reads one TLS file; the error names the field and the path.
 #[cfg(feature = "tls")]
 fn read_file(field: &str, path: &std::path::Path) -> Result<Vec<u8>, BackendError> {
-    std::fs::read(path).map_err(|e| {
-        BackendError::new(format!("{field}: cannot read {:?}: {e}", path.display()))
-    })
+    std::fs::read(path)
+        .map_err(|e| BackendError::new(format!("{field}: cannot read {:?}: {e}", path.display())))
 }
 
 /// The certificates of `o.tls`, read now so a missing file is reported at connect.
@@ -61,7 +60,10 @@ pub(super) fn target(
         Mode::Cluster(urls) => {
             let mut infos = Vec::with_capacity(urls.len());
             for (i, url) in urls.iter().enumerate() {
-                infos.push(connection_info(&format!("cluster[{i}]"), url, pw).map_err(BackendError::new)?);
+                infos.push(
+                    connection_info(&format!("cluster[{i}]"), url, pw)
+                        .map_err(BackendError::new)?,
+                );
             }
             let seeds: Vec<(String, u16)> = infos.iter().map(|i| host_port(i.addr())).collect();
             let label = format!(

@@ -185,15 +185,16 @@ fn scan_chats(
             calls += 1;
             // Raw bytes: a key under the prefix that is not UTF-8 (not botmesh's) is
             // skipped rather than failing the whole view.
-            let (next, keys): (u64, Vec<Vec<u8>>) = typed(r.target().on_node(node, &mut |con| {
-                redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(pattern)
-                    .arg("COUNT")
-                    .arg(SCAN_COUNT)
-                    .query(con)
-            })?)?;
+            let (next, keys): (u64, Vec<Vec<u8>>) =
+                typed(r.target().on_node(node, &mut |con| {
+                    redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(pattern)
+                        .arg("COUNT")
+                        .arg(SCAN_COUNT)
+                        .query(con)
+                })?)?;
             for key in keys.into_iter().filter_map(|k| String::from_utf8(k).ok()) {
                 if let Some(name) = suffixes.iter().find_map(|s| chat_of(prefix, &key, s)) {
                     found.insert(name);

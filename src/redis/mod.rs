@@ -71,9 +71,9 @@ use parking_lot::Mutex;
 use redis::{Cmd, Script, Value};
 
 use crate::coordinator::{
-    BackendError, CHECKPOINT_TTL, ChatView, Coordinator,
-    EnqueueRequest, Enqueued, Grant, GrantSink, HISTORY, HeldLease, MeshView, Released, Renewal,
-    ReplicaId, TicketState, Token, Waiting,
+    BackendError, CHECKPOINT_TTL, ChatView, Coordinator, EnqueueRequest, Enqueued, Grant,
+    GrantSink, HISTORY, HeldLease, MeshView, Released, Renewal, ReplicaId, TicketState, Token,
+    Waiting,
 };
 
 mod connect;
@@ -87,8 +87,8 @@ mod target;
 mod url;
 
 use keys::{ChatKeys, grant_from, ticket_str};
-pub(crate) use options::{check_mode, check_timeout_fits_lease};
 pub use options::{RedisOptions, SentinelOptions, TlsOptions};
+pub(crate) use options::{check_mode, check_timeout_fits_lease};
 use scripts::Scripts;
 use target::Target;
 pub(crate) use url::{check_parses, read_env};
@@ -219,7 +219,11 @@ impl RedisCoordinator {
     /// cluster's primaries as last read from its slot map, or the primary the
     /// sentinels named last.
     pub fn primaries(&self) -> Vec<String> {
-        self.target.primaries().iter().map(|n| n.addr.clone()).collect()
+        self.target
+            .primaries()
+            .iter()
+            .map(|n| n.addr.clone())
+            .collect()
     }
 
     /// A per-chat script call (`EVALSHA` of `script` over the chat's keys `h q w l`
@@ -379,8 +383,7 @@ impl Coordinator for RedisCoordinator {
         let keys = ChatKeys::new(&self.options.key_prefix, req.chat);
         let ticket = ticket_str(req.ticket);
         let claim = req.message_id.filter(|_| self.dedup_on());
-        let (slot, mut cmd) =
-            self.chat_cmd(&self.scripts.enqueue, &keys, claim, req.chat, &ticket);
+        let (slot, mut cmd) = self.chat_cmd(&self.scripts.enqueue, &keys, claim, req.chat, &ticket);
         // The claim outlives the message's wait (and one lease more), also under a
         // dedup window shorter than that: a claim that expired while its message still
         // waited would let a redelivery run the message a second time.
@@ -422,8 +425,10 @@ impl Coordinator for RedisCoordinator {
 
     fn read_checkpoint(&self, chat: &str) -> Result<Option<(Token, String)>, BackendError> {
         let keys = ChatKeys::new(&self.options.key_prefix, chat);
-        let value: Option<Vec<u8>> =
-            typed(self.target.call(keys.slot(), redis::cmd("GET").arg(keys.key("c")))?)?;
+        let value: Option<Vec<u8>> = typed(
+            self.target
+                .call(keys.slot(), redis::cmd("GET").arg(keys.key("c")))?,
+        )?;
         let Some(value) = value else { return Ok(None) };
         let parsed = value.iter().position(|&b| b == 0).and_then(|i| {
             let token = std::str::from_utf8(&value[..i]).ok()?.parse().ok()?;
@@ -506,7 +511,13 @@ impl Coordinator for RedisCoordinator {
         }
         for w in waiting {
             let keys = ChatKeys::new(&self.options.key_prefix, w.chat);
-            cmds.push(self.chat_cmd(&self.scripts.check, &keys, None, w.chat, &ticket_str(w.ticket)));
+            cmds.push(self.chat_cmd(
+                &self.scripts.check,
+                &keys,
+                None,
+                w.chat,
+                &ticket_str(w.ticket),
+            ));
         }
         let refs: Vec<(u16, &Cmd)> = cmds.iter().map(|(s, c)| (*s, c)).collect();
         let replies = self.target.run(&refs);

@@ -37,9 +37,9 @@ struct Wake {
 /// Where the listener starts among the nodes: a hash of the replica id, so replicas
 /// spread over a cluster's nodes.
 pub(super) fn start_for(replica: &str) -> usize {
-    replica
-        .bytes()
-        .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(usize::from(b)))
+    replica.bytes().fold(0usize, |h, b| {
+        h.wrapping_mul(31).wrapping_add(usize::from(b))
+    })
 }
 
 /// What a listener needs.

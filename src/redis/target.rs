@@ -78,9 +78,10 @@ pub(super) fn slot_of(key: &[u8]) -> u16 {
 /// `host` and `port` of a TCP address; any other (a socket path) as its text and 0.
 pub(super) fn host_port(addr: &ConnectionAddr) -> (String, u16) {
     match addr {
-        ConnectionAddr::Tcp(h, p) | ConnectionAddr::TcpTls { host: h, port: p, .. } => {
-            (h.clone(), *p)
-        }
+        ConnectionAddr::Tcp(h, p)
+        | ConnectionAddr::TcpTls {
+            host: h, port: p, ..
+        } => (h.clone(), *p),
         other => (other.to_string(), 0),
     }
 }
@@ -275,14 +276,23 @@ impl Target {
         Client::open(info)
     }
 
-    fn node_with(&self, host: &str, port: u16, info: ConnectionInfo) -> Result<Arc<Node>, BackendError> {
-        let addr = if port == 0 { host.to_owned() } else { format!("{host}:{port}") };
+    fn node_with(
+        &self,
+        host: &str,
+        port: u16,
+        info: ConnectionInfo,
+    ) -> Result<Arc<Node>, BackendError> {
+        let addr = if port == 0 {
+            host.to_owned()
+        } else {
+            format!("{host}:{port}")
+        };
         if let Some(n) = self.nodes.lock().get(&addr) {
             return Ok(n.clone());
         }
-        let client = self
-            .client_for(info)
-            .map_err(|e| BackendError::new(format!("redis at {addr}: not a usable address ({e})")))?;
+        let client = self.client_for(info).map_err(|e| {
+            BackendError::new(format!("redis at {addr}: not a usable address ({e})"))
+        })?;
         let node = Arc::new(Node {
             addr: addr.clone(),
             client,
@@ -294,7 +304,11 @@ impl Target {
     /// The node at `host:port`, reached with the seed's settings.
     pub(super) fn node(&self, host: &str, port: u16) -> Result<Arc<Node>, BackendError> {
         let addr = match self.base.addr() {
-            ConnectionAddr::TcpTls { insecure, tls_params, .. } => ConnectionAddr::TcpTls {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
                 host: host.to_owned(),
                 port,
                 insecure: *insecure,
@@ -354,7 +368,11 @@ impl Target {
             Source::Cluster(seeds) => self.read_slots(seeds, avoid)?,
         };
         let mut map = self.map.write();
-        let changed = map.primaries.iter().map(|n| &n.addr).ne(next.primaries.iter().map(|n| &n.addr));
+        let changed = map
+            .primaries
+            .iter()
+            .map(|n| &n.addr)
+            .ne(next.primaries.iter().map(|n| &n.addr));
         if changed {
             log::info!(target: "botmesh::redis", "{}: primaries now {}", self.label,
                 next.primaries.iter().map(|n| n.addr.as_str()).collect::<Vec<_>>().join(", "));
@@ -368,7 +386,11 @@ impl Target {
 
     /// `CLUSTER SLOTS` from the first node that answers: the known primaries, then
     /// the replicas, then the seeds; `avoid` last.
-    fn read_slots(&self, seeds: &[(String, u16)], avoid: Option<&str>) -> Result<Map, BackendError> {
+    fn read_slots(
+        &self,
+        seeds: &[(String, u16)],
+        avoid: Option<&str>,
+    ) -> Result<Map, BackendError> {
         let known = self.listen_candidates(0);
         let mut asked: Vec<Arc<Node>> = Vec::new();
         for n in known {
@@ -410,9 +432,20 @@ impl Target {
     /// A map from a `CLUSTER SLOTS` reply: `[start, end, [host, port, id…], replicas…]`
     /// per range. An empty host means the node that answered.
     fn parse_slots(&self, asked: &Node, v: Value) -> Result<Map, BackendError> {
-        let bad = || BackendError::new(format!("redis at {}: unexpected CLUSTER SLOTS reply", asked.addr));
-        let Value::Array(ranges) = v else { return Err(bad()) };
-        let asked_host = asked.addr.rsplit_once(':').map_or("", |(h, _)| h).to_owned();
+        let bad = || {
+            BackendError::new(format!(
+                "redis at {}: unexpected CLUSTER SLOTS reply",
+                asked.addr
+            ))
+        };
+        let Value::Array(ranges) = v else {
+            return Err(bad());
+        };
+        let asked_host = asked
+            .addr
+            .rsplit_once(':')
+            .map_or("", |(h, _)| h)
+            .to_owned();
         let endpoint = |v: &Value| -> Option<(String, u16)> {
             let Value::Array(parts) = v else { return None };
             let host = match parts.first()? {
@@ -420,7 +453,11 @@ impl Target {
                 Value::SimpleString(s) => s.clone(),
                 _ => return None,
             };
-            let host = if host.is_empty() || host == "?" { asked_host.clone() } else { host };
+            let host = if host.is_empty() || host == "?" {
+                asked_host.clone()
+            } else {
+                host
+            };
             let port = match parts.get(1)? {
                 Value::Int(p) => u16::try_from(*p).ok()?,
                 _ => return None,
@@ -431,8 +468,11 @@ impl Target {
         let mut primaries: Vec<Arc<Node>> = Vec::new();
         let mut replicas: Vec<Arc<Node>> = Vec::new();
         for range in ranges {
-            let Value::Array(parts) = range else { return Err(bad()) };
-            let (Some(Value::Int(start)), Some(Value::Int(end))) = (parts.first(), parts.get(1)) else {
+            let Value::Array(parts) = range else {
+                return Err(bad());
+            };
+            let (Some(Value::Int(start)), Some(Value::Int(end))) = (parts.first(), parts.get(1))
+            else {
                 return Err(bad());
             };
             let (host, port) = parts.get(2).and_then(endpoint).ok_or_else(bad)?;
@@ -496,7 +536,8 @@ impl Target {
                     next.primaries.len() - 1
                 }
             };
-            if let (Some(s), Ok(i)) = (next.slots.get_mut(usize::from(slot)), u16::try_from(index)) {
+            if let (Some(s), Ok(i)) = (next.slots.get_mut(usize::from(slot)), u16::try_from(index))
+            {
                 *s = i;
             }
         }
@@ -558,7 +599,8 @@ impl Target {
     /// failure.
     pub(super) fn run(&self, cmds: &[(u16, &Cmd)]) -> Vec<Result<Value, BackendError>> {
         let started = Instant::now();
-        let mut out: Vec<Option<Result<Value, BackendError>>> = (0..cmds.len()).map(|_| None).collect();
+        let mut out: Vec<Option<Result<Value, BackendError>>> =
+            (0..cmds.len()).map(|_| None).collect();
         let mut pending: Vec<usize> = (0..cmds.len()).collect();
         let mut asking: HashMap<usize, Arc<Node>> = HashMap::new();
         let mut last_err: HashMap<usize, BackendError> = HashMap::new();
@@ -568,11 +610,20 @@ impl Target {
             // Per node: the node, its command indices.
             let mut groups: Vec<(Arc<Node>, Vec<usize>)> = Vec::new();
             for &i in &pending {
-                let node = match asking.get(&i).cloned().or_else(|| map.owner(cmds[i].0).cloned()) {
+                let node = match asking
+                    .get(&i)
+                    .cloned()
+                    .or_else(|| map.owner(cmds[i].0).cloned())
+                {
                     Some(n) => n,
                     None => {
-                        last_err.insert(i, BackendError::new(format!(
-                            "{}: no node serves hash slot {}", self.label, cmds[i].0)));
+                        last_err.insert(
+                            i,
+                            BackendError::new(format!(
+                                "{}: no node serves hash slot {}",
+                                self.label, cmds[i].0
+                            )),
+                        );
                         continue;
                     }
                 };
@@ -585,7 +636,11 @@ impl Target {
             let mut refresh: Option<String> = None;
             let mut reload: Vec<Arc<Node>> = Vec::new();
             let mut moved: Vec<(u16, String)> = Vec::new();
-            let mut next: Vec<usize> = pending.iter().copied().filter(|i| !groups.iter().any(|(_, ids)| ids.contains(i))).collect();
+            let mut next: Vec<usize> = pending
+                .iter()
+                .copied()
+                .filter(|i| !groups.iter().any(|(_, ids)| ids.contains(i)))
+                .collect();
             // Write every node's pipeline first, then read the replies.
             let mut sent: Vec<(Arc<Node>, Vec<usize>, Option<Connection>)> = Vec::new();
             for (node, ids) in groups {
@@ -617,17 +672,32 @@ impl Target {
                     let was_asking = asking.remove(&i).is_some();
                     let reply = match con.as_mut() {
                         Some(c) => {
-                            let skipped = if was_asking { c.recv_response().map(|_| ()) } else { Ok(()) };
+                            let skipped = if was_asking {
+                                c.recv_response().map(|_| ())
+                            } else {
+                                Ok(())
+                            };
                             skipped.and_then(|()| c.recv_response())
                         }
-                        None => Err(RedisError::from((ErrorKind::Io, "connection lost earlier in the pipeline"))),
+                        None => Err(RedisError::from((
+                            ErrorKind::Io,
+                            "connection lost earlier in the pipeline",
+                        ))),
                     };
                     let verdict = self.judge(reply);
                     match verdict {
                         Verdict::Done(Ok(v)) => out[i] = Some(Ok(v)),
-                        Verdict::Done(Err(e)) => out[i] = Some(Err(describe_at(&node.addr, self.timeout, &e))),
+                        Verdict::Done(Err(e)) => {
+                            out[i] = Some(Err(describe_at(&node.addr, self.timeout, &e)))
+                        }
                         Verdict::Moved(slot, to) => {
-                            last_err.insert(i, BackendError::new(format!("redis at {}: MOVED {slot} {to}", node.addr)));
+                            last_err.insert(
+                                i,
+                                BackendError::new(format!(
+                                    "redis at {}: MOVED {slot} {to}",
+                                    node.addr
+                                )),
+                            );
                             refresh.get_or_insert_with(String::new);
                             moved.push((slot, to));
                             next.push(i);
@@ -639,7 +709,10 @@ impl Target {
                                 }
                                 None => refresh = refresh.or(Some(String::new())),
                             }
-                            last_err.insert(i, BackendError::new(format!("redis at {}: ASK {to}", node.addr)));
+                            last_err.insert(
+                                i,
+                                BackendError::new(format!("redis at {}: ASK {to}", node.addr)),
+                            );
                             next.push(i);
                         }
                         Verdict::Later => {
@@ -654,7 +727,13 @@ impl Target {
                             if !reload.iter().any(|n| n.addr == node.addr) {
                                 reload.push(node.clone());
                             }
-                            last_err.insert(i, BackendError::new(format!("redis at {}: the scripts are missing", node.addr)));
+                            last_err.insert(
+                                i,
+                                BackendError::new(format!(
+                                    "redis at {}: the scripts are missing",
+                                    node.addr
+                                )),
+                            );
                             next.push(i);
                         }
                         Verdict::Broken => {
@@ -680,7 +759,8 @@ impl Target {
                 break;
             }
             for node in reload {
-                let loaded = self.on_node(&node, &mut |con| (self.loader)(con).map(|()| Value::Okay));
+                let loaded =
+                    self.on_node(&node, &mut |con| (self.loader)(con).map(|()| Value::Okay));
                 if let Err(e) = loaded {
                     log::warn!(target: "botmesh::redis", "cannot load the scripts: {e}");
                 } else {
@@ -704,7 +784,9 @@ impl Target {
             }
         }
         for i in pending {
-            out[i] = Some(Err(last_err.remove(&i).unwrap_or_else(|| BackendError::new(format!("{}: no answer", self.label)))));
+            out[i] = Some(Err(last_err.remove(&i).unwrap_or_else(|| {
+                BackendError::new(format!("{}: no answer", self.label))
+            })));
         }
         out.into_iter()
             .map(|o| o.unwrap_or_else(|| Err(BackendError::new("no reply from Redis"))))

@@ -41,14 +41,26 @@ fn pair_free(port: u16) -> bool {
         && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok()
 }
 
-/// `n` ports below 45000 whose bus ports (+10000) are free too, spread by the process
-/// id so that parallel test binaries rarely try the same ones.
+/// Lowest and one past the highest port tried: the bus ports (+10000) stay below
+/// Linux's default ephemeral range (32768 and up), where outgoing connections of
+/// other programs would take them at random.
+const PORTS: (u32, u32) = (20_000, 22_700);
+
+/// `n` ports whose bus ports (+10000) are free too, spread by the process id and a
+/// counter so that parallel test binaries and retries rarely try the same ones.
 fn free_ports(n: usize) -> Result<Vec<u16>, String> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static TRIES: AtomicU32 = AtomicU32::new(0);
     let mut out = Vec::new();
-    let span = 44_000u32 - 20_000;
-    let mut candidate = 20_000 + (std::process::id().wrapping_mul(7919) % span);
+    let span = PORTS.1 - PORTS.0;
+    let salt = TRIES.fetch_add(97, Ordering::Relaxed);
+    let mut candidate = PORTS.0 + (std::process::id().wrapping_mul(7919).wrapping_add(salt) % span);
     for _ in 0..span {
-        candidate = if candidate + 1 >= 44_000 { 20_000 } else { candidate + 1 };
+        candidate = if candidate + 1 >= PORTS.1 {
+            PORTS.0
+        } else {
+            candidate + 1
+        };
         let port = candidate as u16;
         if pair_free(port) && !out.contains(&port) {
             out.push(port);
@@ -72,7 +84,8 @@ fn connection(port: u16) -> Result<redis::Connection, String> {
 
 fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> Result<T, String> {
     let mut con = connection(port)?;
-    cmd.query(&mut con).map_err(|e| format!("redis at {port}: {e}"))
+    cmd.query(&mut con)
+        .map_err(|e| format!("redis at {port}: {e}"))
 }
 
 /// `field:value` lines of an `INFO`-like reply.
@@ -112,13 +125,26 @@ impl RedisCluster {
     /// A message when `redis-server` or `redis-cli` is missing or the cluster does
     /// not form.
     pub fn try_start() -> Result<Self, String> {
+        // A port found free can be taken before its node binds it; try afresh.
+        let mut last = String::new();
+        for _ in 0..3 {
+            match Self::try_start_once() {
+                Ok(c) => return Ok(c),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn try_start_once() -> Result<Self, String> {
         let ports = free_ports(6)?;
         let dir = std::env::temp_dir().join(format!(
             "botmesh-cluster-{}-{}",
             std::process::id(),
             ports[0]
         ));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let mut cluster = RedisCluster {
             nodes: ports
                 .iter()
@@ -152,7 +178,8 @@ impl RedisCluster {
     fn spawn(&mut self, i: usize) -> Result<(), String> {
         let port = self.nodes[i].port;
         let dir = self.dir.join(port.to_string());
-        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let child = Command::new("redis-server")
             .arg("--port")
             .arg(port.to_string())
@@ -169,11 +196,28 @@ impl RedisCluster {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot start redis-server (apt-get install redis-server): {e}"))?;
+            .map_err(|e| {
+                format!("cannot start redis-server (apt-get install redis-server): {e}")
+            })?;
         self.nodes[i].child = Some(child);
-        poll(&format!("redis-server on {port} answering"), || {
-            query::<String>(port, &redis::cmd("PING")).ok()
+        let exited = std::cell::Cell::new(false);
+        let up = poll(&format!("redis-server on {port} answering"), || {
+            if let Some(c) = self.nodes[i].child.as_mut()
+                && let Ok(Some(_)) = c.try_wait()
+            {
+                exited.set(true);
+                return Some(false);
+            }
+            query::<String>(port, &redis::cmd("PING"))
+                .ok()
+                .map(|_| true)
         })?;
+        if !up || exited.get() {
+            self.nodes[i].child = None;
+            return Err(format!(
+                "redis-server on {port} exited at start (port taken?)"
+            ));
+        }
         Ok(())
     }
 
@@ -196,19 +240,30 @@ impl RedisCluster {
                 }
             }
             // Every live node sees the same primaries.
-            let views: Vec<Vec<u16>> = live.iter().map(|&p| self.primaries_seen_by(p)).collect::<Option<_>>()?;
+            let views: Vec<Vec<u16>> = live
+                .iter()
+                .map(|&p| self.primaries_seen_by(p))
+                .collect::<Option<_>>()?;
             (views.windows(2).all(|w| w[0] == w[1]) && views.first()?.len() == 3).then_some(())
         })
     }
 
     fn primaries_seen_by(&self, port: u16) -> Option<Vec<u16>> {
         let slots: redis::Value = query(port, redis::cmd("CLUSTER").arg("SLOTS")).ok()?;
-        let redis::Value::Array(ranges) = slots else { return None };
+        let redis::Value::Array(ranges) = slots else {
+            return None;
+        };
         let mut out: Vec<u16> = Vec::new();
         for r in ranges {
-            let redis::Value::Array(parts) = r else { return None };
-            let redis::Value::Array(primary) = parts.get(2)? else { return None };
-            let redis::Value::Int(p) = primary.get(1)? else { return None };
+            let redis::Value::Array(parts) = r else {
+                return None;
+            };
+            let redis::Value::Array(primary) = parts.get(2)? else {
+                return None;
+            };
+            let redis::Value::Int(p) = primary.get(1)? else {
+                return None;
+            };
             let p = u16::try_from(*p).ok()?;
             if !out.contains(&p) {
                 out.push(p);
@@ -220,7 +275,11 @@ impl RedisCluster {
 
     /// Ports of the nodes still running.
     pub fn live_ports(&self) -> Vec<u16> {
-        self.nodes.iter().filter(|n| n.child.is_some()).map(|n| n.port).collect()
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .map(|n| n.port)
+            .collect()
     }
 
     /// `redis://127.0.0.1:<port>` of every node, the seed list for a client.
@@ -233,13 +292,17 @@ impl RedisCluster {
 
     /// Any live node's port.
     fn any(&self) -> Result<u16, String> {
-        self.live_ports().first().copied().ok_or_else(|| "no live node".to_owned())
+        self.live_ports()
+            .first()
+            .copied()
+            .ok_or_else(|| "no live node".to_owned())
     }
 
     /// The hash slot of `key`, as the server computes it (`CLUSTER KEYSLOT`).
     pub fn keyslot(&self, key: &str) -> u16 {
         let port = self.any().expect("a live node");
-        let slot: i64 = query(port, redis::cmd("CLUSTER").arg("KEYSLOT").arg(key)).expect("KEYSLOT");
+        let slot: i64 =
+            query(port, redis::cmd("CLUSTER").arg("KEYSLOT").arg(key)).expect("KEYSLOT");
         u16::try_from(slot).expect("slot")
     }
 
@@ -247,11 +310,18 @@ impl RedisCluster {
     pub fn primary_of(&self, slot: u16) -> u16 {
         let port = self.any().expect("a live node");
         let slots: redis::Value = query(port, redis::cmd("CLUSTER").arg("SLOTS")).expect("SLOTS");
-        let redis::Value::Array(ranges) = slots else { panic!("CLUSTER SLOTS") };
+        let redis::Value::Array(ranges) = slots else {
+            panic!("CLUSTER SLOTS")
+        };
         for r in ranges {
-            let redis::Value::Array(parts) = r else { continue };
-            let (Some(redis::Value::Int(a)), Some(redis::Value::Int(b)), Some(redis::Value::Array(p))) =
-                (parts.first(), parts.get(1), parts.get(2))
+            let redis::Value::Array(parts) = r else {
+                continue;
+            };
+            let (
+                Some(redis::Value::Int(a)),
+                Some(redis::Value::Int(b)),
+                Some(redis::Value::Array(p)),
+            ) = (parts.first(), parts.get(1), parts.get(2))
             else {
                 continue;
             };
@@ -266,7 +336,8 @@ impl RedisCluster {
 
     /// The ports of the primaries now.
     pub fn primaries(&self) -> Vec<u16> {
-        self.primaries_seen_by(self.any().expect("a live node")).expect("CLUSTER SLOTS")
+        self.primaries_seen_by(self.any().expect("a live node"))
+            .expect("CLUSTER SLOTS")
     }
 
     /// The node id of the node on `port`.
@@ -343,15 +414,37 @@ impl RedisCluster {
     /// `SETSLOT MIGRATING` on the source, `MIGRATE` of its keys in batches, then
     /// `SETSLOT NODE` on both and on every other primary. `between` runs after the
     /// first batch is moved, while the slot is half migrated (so clients meet `ASK`).
-    pub fn migrate_slot(&self, slot: u16, from: u16, to: u16, between: impl FnOnce()) -> Result<(), String> {
+    pub fn migrate_slot(
+        &self,
+        slot: u16,
+        from: u16,
+        to: u16,
+        between: impl FnOnce(),
+    ) -> Result<(), String> {
         let from_id = self.node_id(from);
         let to_id = self.node_id(to);
-        query::<String>(to, redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg("IMPORTING").arg(&from_id))?;
-        query::<String>(from, redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg("MIGRATING").arg(&to_id))?;
+        query::<String>(
+            to,
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg("IMPORTING")
+                .arg(&from_id),
+        )?;
+        query::<String>(
+            from,
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg("MIGRATING")
+                .arg(&to_id),
+        )?;
         let mut between = Some(between);
         loop {
-            let keys: Vec<String> =
-                query(from, redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(1))?;
+            let keys: Vec<String> = query(
+                from,
+                redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(1),
+            )?;
             if keys.is_empty() {
                 break;
             }
@@ -374,7 +467,14 @@ impl RedisCluster {
             f();
         }
         for p in self.primaries() {
-            query::<String>(p, redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg("NODE").arg(&to_id))?;
+            query::<String>(
+                p,
+                redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(slot)
+                    .arg("NODE")
+                    .arg(&to_id),
+            )?;
         }
         poll("every node sees the slot moved", || {
             self.live_ports()
@@ -389,11 +489,18 @@ impl RedisCluster {
 
     fn owner_seen_by(&self, port: u16, slot: u16) -> Option<u16> {
         let slots: redis::Value = query(port, redis::cmd("CLUSTER").arg("SLOTS")).ok()?;
-        let redis::Value::Array(ranges) = slots else { return None };
+        let redis::Value::Array(ranges) = slots else {
+            return None;
+        };
         for r in ranges {
-            let redis::Value::Array(parts) = r else { continue };
-            let (Some(redis::Value::Int(a)), Some(redis::Value::Int(b)), Some(redis::Value::Array(p))) =
-                (parts.first(), parts.get(1), parts.get(2))
+            let redis::Value::Array(parts) = r else {
+                continue;
+            };
+            let (
+                Some(redis::Value::Int(a)),
+                Some(redis::Value::Int(b)),
+                Some(redis::Value::Array(p)),
+            ) = (parts.first(), parts.get(1), parts.get(2))
             else {
                 continue;
             };
@@ -426,7 +533,14 @@ impl RedisCluster {
     pub fn command_calls(&self, port: u16) -> u64 {
         let text: String = query(port, redis::cmd("INFO").arg("commandstats")).expect("INFO");
         text.lines()
-            .filter_map(|l| l.split_once("calls=")?.1.split(',').next()?.parse::<u64>().ok())
+            .filter_map(|l| {
+                l.split_once("calls=")?
+                    .1
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
             .sum()
     }
 }
