@@ -4,6 +4,8 @@
 //!   examples, which include `redis_server.rs` alone);
 //! - `redis_cluster` (feature `redis`): a real Redis Cluster of 3 primaries and 3
 //!   replicas, with failover, SIGKILL and slot migration;
+//! - `redis_tls` (feature `tls`): a TLS-only `redis-server` with certificates made
+//!   by `openssl`;
 //! - [`Proxy`]: a loopback TCP proxy that can lose a reply;
 //! - [`serial`]: runs timing-bound tests of one test binary one at a time;
 //! - [`transport`]: the test platform with exclusive sessions and its client provider,
@@ -23,6 +25,8 @@ pub mod proxy;
 #[cfg(feature = "redis")]
 pub mod redis_cluster;
 pub mod redis_server;
+#[cfg(feature = "tls")]
+pub mod redis_tls;
 pub mod transport;
 
 use std::sync::{Mutex, MutexGuard};
