@@ -73,6 +73,8 @@ mod chaos_args;
 mod faults;
 #[path = "chaos/judge.rs"]
 mod judge;
+#[path = "chaos/probe.rs"]
+mod probe;
 #[path = "chaos/proxy.rs"]
 mod proxy;
 #[path = "chaos/resp.rs"]
@@ -232,6 +234,7 @@ fn chaos(o: &ChaosOptions) -> Result<bool, String> {
     let settings = backend::RedisSettings::of(&ro).ok_or("the Redis settings are missing")?;
     let plan = faults::plan(o.seed, o.faults, &o.kinds, o.lease_ttl, o.replicas);
     let mut director = Chaos::new(plan, o.replicas, &mut server, &proxy);
+    let link_probe = probe::Probe::start(proxy.port());
     // A `duplicate` is final here, as it is for a webhook platform: the harness must
     // see whether botmesh's "handled or will be" holds.
     let finished = parent::run(
@@ -241,14 +244,19 @@ fn chaos(o: &ChaosOptions) -> Result<bool, String> {
         (Pace::Rate(o.rate), EarlyDuplicates::Final),
         &mut director,
     )?;
+    let pings = link_probe.stop();
     let seen = std::mem::take(&mut director.seen);
     let failed_faults = std::mem::take(&mut director.failed);
+    let origin = director.started.unwrap_or_else(std::time::Instant::now);
     drop(director);
+    // A ping slower than the renewal period: no renewal could have landed in time.
+    let stalls = probe::stalls(&pings, o.lease_ttl / 3, origin);
+    let probe_stats = probe::stats(&pings, &stalls);
 
     if let Some(log) = &o.log {
-        write_faults(log, &seen)?;
+        write_faults(log, &seen, &stalls)?;
     }
-    let verdict = judge::judge(&finished.drops, &seen, o);
+    let verdict = judge::judge(&finished.drops, &seen, &stalls, o);
     if let Some(log) = &o.log {
         write_unexplained(log, &verdict)?;
     }
@@ -257,11 +265,12 @@ fn chaos(o: &ChaosOptions) -> Result<bool, String> {
         finished: &finished,
         verdict: &verdict,
         faults: &seen,
+        probe: &probe_stats,
         failed_faults: &failed_faults,
     });
     let line = serde_json::to_string(&summary)
         .map_err(|e| format!("cannot write the JSON summary: {e}"))?;
-    let human = human(o, &finished, &verdict, &seen);
+    let human = human(o, &finished, &verdict, &seen, &probe_stats);
     // A closed stdout (`| head`) is not worth a panic; the exit status still tells.
     if o.json {
         eprintln!("{human}");
@@ -321,7 +330,18 @@ fn write_unexplained(log: &std::path::Path, verdict: &judge::Verdict) -> Result<
     std::fs::write(&path, text).map_err(|e| format!("--log: cannot write {}: {e}", path.display()))
 }
 
-fn write_faults(log: &std::path::Path, seen: &[Seen]) -> Result<(), String> {
+#[derive(Serialize)]
+struct StallLine {
+    event: &'static str,
+    start_us: u64,
+    end_us: u64,
+}
+
+fn write_faults(
+    log: &std::path::Path,
+    seen: &[Seen],
+    stalls: &[probe::Stall],
+) -> Result<(), String> {
     let mut path = log.as_os_str().to_owned();
     path.push(".faults");
     let path = std::path::PathBuf::from(path);
@@ -343,12 +363,29 @@ fn write_faults(log: &std::path::Path, seen: &[Seen]) -> Result<(), String> {
             .and_then(|()| out.write_all(b"\n"))
             .map_err(|e| format!("--log: cannot write {}: {e}", path.display()))?;
     }
+    for s in stalls {
+        let line = StallLine {
+            event: "stall",
+            start_us: s.start_us,
+            end_us: s.end_us,
+        };
+        serde_json::to_writer(&mut out, &line)
+            .map_err(std::io::Error::from)
+            .and_then(|()| out.write_all(b"\n"))
+            .map_err(|e| format!("--log: cannot write {}: {e}", path.display()))?;
+    }
     out.flush()
         .map_err(|e| format!("--log: cannot write {}: {e}", path.display()))
 }
 
 /// The human summary, with a few examples of each problem.
-fn human(o: &ChaosOptions, f: &Finished, v: &judge::Verdict, seen: &[Seen]) -> String {
+fn human(
+    o: &ChaosOptions,
+    f: &Finished,
+    v: &judge::Verdict,
+    seen: &[Seen],
+    probe: &probe::ProbeStats,
+) -> String {
     let mut s = String::new();
     let c = &f.counts;
     let kinds: Vec<String> = faults::Kind::ALL
@@ -410,6 +447,10 @@ fn human(o: &ChaosOptions, f: &Finished, v: &judge::Verdict, seen: &[Seen]) -> S
     s.push_str(&format!(
         "  void runs    {} handler run(s) the part files show whose turn the replica reported lost (fence-checked only)\n",
         c.ran_then_dropped
+    ));
+    s.push_str(&format!(
+        "  link probe   {} pings ({} failed), round trip p50 {} ms, p99 {} ms, max {} ms; {} stall(s) of ≥ TTL/3, {} ms in all\n",
+        probe.pings, probe.failed, probe.p50_ms, probe.p99_ms, probe.max_ms, probe.stalls, probe.stalled_ms
     ));
     s.push_str(&format!("  wall time    {:.1} s\n", f.wall.as_secs_f64()));
     for v in f.violations.iter().take(8) {

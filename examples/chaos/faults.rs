@@ -199,6 +199,8 @@ pub struct Chaos<'a> {
     busy: Busy,
     /// The longest a replacement replica may take to be ready.
     ready_within: Duration,
+    /// The platform's start, the origin of the run's clock (for the probe's stalls).
+    pub started: Option<Instant>,
 }
 
 impl<'a> Chaos<'a> {
@@ -223,6 +225,7 @@ impl<'a> Chaos<'a> {
             seen: Vec::new(),
             busy: Busy::default(),
             ready_within: Duration::from_secs(30),
+            started: None,
         }
     }
 
@@ -370,7 +373,9 @@ impl<'a> Chaos<'a> {
         problem: Option<String>,
     ) -> State {
         if let Some(s) = self.seen.get_mut(fault) {
-            s.end = now.saturating_duration_since(p.started());
+            // Now, not `now`: bringing Redis back (an append-only file to load) takes
+            // seconds after `now` was read, and the fault lasts until it is back.
+            s.end = Instant::now().saturating_duration_since(p.started());
             s.end_us = common::unix_us();
             if let Some(e) = problem {
                 self.failed.push(format!(
@@ -393,6 +398,7 @@ impl<'a> Chaos<'a> {
 impl Director for Chaos<'_> {
     fn tick(&mut self, p: &mut Dispatcher) -> Option<Instant> {
         let now = Instant::now();
+        self.started.get_or_insert(p.started());
         // Traffic runs until the last fault is over: another round of the input
         // before the platform runs dry.
         if !self.finished() && p.undelivered() < p.round_len() / 2 + 1 {

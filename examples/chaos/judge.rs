@@ -16,6 +16,17 @@
 //! | blackhole | `backend`; `lost` when it lasted ≥ TTL/2 (with the renewal period, long enough to reach the holder's give-up point) | any replica |
 //! | cut | `backend` | any replica |
 //! | pubsub_kill, jitter, busy | nothing: the contract says they lose no lease and drop no message | |
+//! | stall (seen, not injected) | `backend`; `lost` when stalls, blackholes and Redis restarts together cover ≥ TTL/2 of the lease's last TTL + TTL/3 + 0.5 s | any replica |
+//!
+//! A *stall* is not a fault the harness injects but one it observes: its link probe
+//! (`probe.rs`) pings Redis through the proxy every 20 ms, and a ping that took at least
+//! the renewal period (TTL/3) is a span in which no renewal could have reached Redis in
+//! time. Busy loops alone do not stall the link on a healthy host (the contract holds
+//! them harmless, and runs of jitter and busy loops alone end clean); but busy loops on
+//! top of the other faults' aftermath (every replica reconnecting and retrying at once)
+//! can starve Redis and the proxy until a plain `PING` takes longer than a TTL, and the
+//! contract then lets a lease go: the backend was out of reach. The probe is the
+//! independent evidence of it, and a stall is judged as a blackhole of its length is.
 //!
 //! A `timeout` is explained by a pause (on its replica), restart or blackhole that
 //! could itself have kept a turn from being granted for `turn_wait` (its length plus
@@ -36,6 +47,7 @@ use serde::Serialize;
 use crate::chaos_args::ChaosOptions;
 use crate::faults::{Kind, Seen};
 use crate::parent::{DropSeen, Finished};
+use crate::probe::{ProbeStats, Stall};
 use crate::report::REASONS;
 
 /// The Redis backend's command timeout (the crate's default, which the replicas keep).
@@ -115,10 +127,46 @@ pub struct Verdict {
 /// How much of drop `d`'s wait (from its latest delivery to its drop) the windows
 /// of `faults` cover together.
 fn covered(d: &DropSeen, faults: &[Seen], ttl: Duration) -> Duration {
-    let mut spans: Vec<(Duration, Duration)> = faults
-        .iter()
-        .map(|f| window(f, ttl))
-        .map(|(open, close)| (open.max(d.sent), close.min(d.at)))
+    union_within(faults.iter().map(|f| window(f, ttl)), d.sent, d.at)
+}
+
+/// Whether the link was out of reach long enough to explain drop `d`: for `backend`, a
+/// stall the call could have run into (the stall plus the command timeout and 0.5 s);
+/// for `lost`, stalls, blackholes and Redis restarts that together cover at least half
+/// a TTL of the lease's last stretch (a TTL, a renewal period and 0.5 s for the report,
+/// back from the drop) — the same test as for one blackhole (SPEC §3: a lease is lost
+/// only when the backend was out of reach for long enough).
+fn stalled(d: &DropSeen, faults: &[Seen], stalls: &[Stall], ttl: Duration) -> bool {
+    match d.reason {
+        "backend" => {
+            let grace = COMMAND_TIMEOUT + Duration::from_millis(500);
+            stalls
+                .iter()
+                .any(|s| d.sent <= s.end + grace && d.at >= s.start)
+        }
+        "lost" => {
+            let reach = ttl + ttl / 3 + Duration::from_millis(500);
+            let from = d.sent.max(d.at.saturating_sub(reach));
+            let spans = stalls.iter().map(|s| (s.start, s.end)).chain(
+                faults
+                    .iter()
+                    .filter(|f| matches!(f.kind, Kind::Blackhole | Kind::RedisRestart))
+                    .map(|f| (f.start, f.end)),
+            );
+            union_within(spans, from, d.at) * 2 >= ttl
+        }
+        _ => false,
+    }
+}
+
+/// The total length of the union of `spans`, clipped to `from..to`.
+fn union_within(
+    spans: impl Iterator<Item = (Duration, Duration)>,
+    from: Duration,
+    to: Duration,
+) -> Duration {
+    let mut spans: Vec<(Duration, Duration)> = spans
+        .map(|(open, close)| (open.max(from), close.min(to)))
         .filter(|(open, close)| open < close)
         .collect();
     spans.sort_unstable();
@@ -134,8 +182,8 @@ fn covered(d: &DropSeen, faults: &[Seen], ttl: Duration) -> Duration {
     total
 }
 
-/// Sets every drop against the faults.
-pub fn judge(drops: &[DropSeen], faults: &[Seen], o: &ChaosOptions) -> Verdict {
+/// Sets every drop against the faults and the stalls the probe saw.
+pub fn judge(drops: &[DropSeen], faults: &[Seen], stalls: &[Stall], o: &ChaosOptions) -> Verdict {
     let mut explained = BTreeMap::new();
     let mut unexplained = Vec::new();
     for d in drops {
@@ -148,6 +196,9 @@ pub fn judge(drops: &[DropSeen], faults: &[Seen], o: &ChaosOptions) -> Verdict {
         }
         match faults.iter().find(|f| explains(f, d, o)) {
             Some(f) => *explained.entry(f.kind.name()).or_insert(0) += 1,
+            None if stalled(d, faults, stalls, o.lease_ttl) => {
+                *explained.entry("stall").or_insert(0) += 1;
+            }
             None => {
                 let during = faults
                     .iter()
@@ -227,6 +278,8 @@ pub struct Summary {
     unexplained_during: BTreeMap<&'static str, u64>,
     /// Violations by the latest fault whose window the offending run started in.
     violations_during: BTreeMap<&'static str, u64>,
+    /// What the link probe saw: its round trips and stalls (`probe.rs`).
+    probe: ProbeStats,
     late: u64,
     slowest_ms: u128,
     wall_s: f64,
@@ -246,6 +299,7 @@ pub struct Inputs<'a> {
     pub finished: &'a Finished,
     pub verdict: &'a Verdict,
     pub faults: &'a [Seen],
+    pub probe: &'a ProbeStats,
     pub failed_faults: &'a [String],
 }
 
@@ -320,6 +374,7 @@ pub fn summary(i: &Inputs<'_>) -> Summary {
                 .iter()
                 .map(|(_, at)| during_us(*at, i.faults, i.o.lease_ttl)),
         ),
+        probe: i.probe.clone(),
         late: f.late,
         slowest_ms: f.slowest.as_millis(),
         wall_s: (f.wall.as_secs_f64() * 10.0).round() / 10.0,

@@ -69,6 +69,11 @@ impl Proxy {
         Ok(Proxy { port, shared })
     }
 
+    /// The port it listens on (loopback).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// `redis://127.0.0.1:<proxy port>`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)

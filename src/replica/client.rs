@@ -428,7 +428,11 @@ impl Inner {
                     let mut table = self.waiting.lock();
                     match answer {
                         Enqueued::InFlight => table.mark_in_flight(seq),
-                        _ => table.mark_placed(seq),
+                        _ => {
+                            // Queuing it refreshed our liveness in the chat.
+                            table.refreshed_chat(chat, sent);
+                            table.mark_placed(seq)
+                        }
                     }
                 };
                 if waiting && matches!(answer, Enqueued::InFlight) {

@@ -592,3 +592,96 @@ fn a_claim_outlives_its_messages_wait_under_a_short_dedup_window() {
         other => panic!("expected a duplicate, got {other:?}"),
     }
 }
+
+/// A replica's liveness in a chat is one for all its tickets there, and the re-check
+/// asks about the earliest only. A grant pushed to a later ticket long after that
+/// ticket's own enqueue must count from the chat's latest refresh: counted from the
+/// enqueue it looked nearly lapsed and was confirmed first, and a confirming round
+/// trip that failed (a starved host, a slow link) lost a turn the backend still held.
+#[test]
+fn a_later_ticket_counts_its_liveness_from_the_chats_latest_refresh() {
+    let w = World::new();
+    let h = w.replica("h");
+    let r = w.replica("r");
+    let x = w.replica("x");
+    let h_turn = turn(&take(&h, "chat", None));
+    let first = take(&r, "chat", None);
+    let between = take(&x, "chat", None);
+    let second = take(&r, "chat", None);
+    // 9 s of ticks: r's re-checks ask about `first`, which refreshes r in the chat.
+    for _ in 0..3 {
+        w.clock.advance(Duration::from_secs(3));
+        tick(&h);
+        tick(&r);
+        tick(&x);
+    }
+    // From now on a confirming renewal by r fails.
+    *w.backend.cut_off.lock() = Some(r.id.clone());
+    h_turn.release().expect("h releases");
+    turn(&first).release().expect("r releases");
+    // x's release pushes `second`'s grant to r, 9 s after its enqueue.
+    turn(&between).release().expect("x releases");
+    turn(&second).release().expect("r held the chat throughout");
+}
+
+/// A grant with little of its lease left is confirmed before use; when that round trip
+/// fails (not refused: it did not get through), the lease is still known to last
+/// until the grantee's liveness runs out, so the turn runs on what is left instead of
+/// being reported lost while the backend holds it.
+#[test]
+fn a_grant_whose_confirmation_fails_runs_on_the_lease_it_is_known_to_have() {
+    let w = World::new();
+    let h = w.replica("h");
+    let r = w.replica("r");
+    let h_turn = turn(&take(&h, "chat", None));
+    let waiting = take(&r, "chat", None);
+    // r's renewals fail from now on; its liveness lasts until 10 s.
+    *w.backend.cut_off.lock() = Some(r.id.clone());
+    for step in [3, 3, 2] {
+        w.clock.advance(Duration::from_secs(step));
+        tick(&h);
+        tick(&r);
+    }
+    // At 8 s h hands the chat on: 2 s of r's liveness are left, under a renewal
+    // period, so r confirms, and that fails.
+    h_turn.release().expect("h releases");
+    let r_turn = turn(&waiting);
+    *w.backend.cut_off.lock() = None;
+    r_turn.release().expect("the lease still stood");
+}
+
+/// The backend skips a replica's lapsed tickets one by one, as each reaches the front
+/// of the queue; a later call (an enqueue, a re-check) makes the replica live again.
+/// When the earliest ticket of a chat answers lapsed, the later ones may still be
+/// queued: each is asked about, and only those skipped too are reported lost. Once all
+/// of them were reported, throwing away messages that would have run in order.
+#[test]
+fn a_lapsed_first_ticket_loses_only_the_later_tickets_skipped_too() {
+    let w = World::new();
+    let h = w.replica("h");
+    let r = w.replica("r");
+    let h_turn = turn(&take(&h, "chat", None));
+    let first = take(&r, "chat", None);
+    let second = take(&r, "chat", None);
+    // The backend answers that the earliest ticket was skipped (its follow-up
+    // question gets the memory backend's own answer: still queued).
+    *w.backend.rewrite_renewal.lock() = Some(Box::new(|renewal: &mut Renewal| {
+        for state in &mut renewal.waiting {
+            *state = crate::TicketState::Lapsed;
+        }
+    }));
+    tick(&r);
+    match first.try_recv() {
+        Ok(Err(NoTurn::Failed(e))) => assert_eq!(e.reason, crate::Reason::Lost),
+        other => panic!("expected the first message reported lost, got {other:?}"),
+    }
+    assert!(
+        second.try_recv().is_err(),
+        "the second ticket is still queued and keeps waiting"
+    );
+    // h hands the chat on to `first`, whose waiter is gone: r's next tick releases
+    // that grant, which hands the chat to `second`.
+    h_turn.release().expect("h releases");
+    tick(&r);
+    turn(&second).release().expect("second ran in order");
+}

@@ -128,6 +128,14 @@ impl Inner {
             Ok(r) if r.held.first() == Some(&true) => {
                 self.grant_to(w, grant, true, now + self.trusted);
             }
+            // The confirmation did not get through (a slow link, a starved host), but
+            // the lease is known to last until `until`: use what is left of it rather
+            // than drop a turn the backend still holds for us. Not after a stall,
+            // when what this thread knows may be older than it looks.
+            Err(_) if !stalled && until > self.clock.now() => {
+                inc(&self.metrics.backend_errors);
+                self.grant_to(w, grant, true, until);
+            }
             answer => {
                 if answer.is_err() {
                     inc(&self.metrics.backend_errors);

@@ -263,6 +263,44 @@ impl Inner {
         states: Vec<TicketState>,
         sent: Instant,
     ) {
+        let again = self.apply_answers(waiters, states, sent, true);
+        if again.is_empty() {
+            return;
+        }
+        // The earliest ticket of a chat lapsed: each later one is asked about on
+        // its own, in one more round trip (rare: after a pause or a partition).
+        let tickets: Vec<Ticket> = again.iter().map(|w| self.ticket(w.1)).collect();
+        let waiting: Vec<Waiting<'_>> = again
+            .iter()
+            .zip(&tickets)
+            .map(|((chat, _, id), ticket)| Waiting {
+                chat,
+                ticket,
+                message_id: id.as_deref(),
+            })
+            .collect();
+        let sent = self.clock.now();
+        match self.coordinator.renew(&self.id, &[], &waiting) {
+            Ok(renewal) => {
+                self.apply_answers(&again, renewal.waiting, sent, false);
+            }
+            Err(e) => {
+                inc(&self.metrics.backend_errors);
+                log::warn!(target: "botmesh::lease", "re-check of later tickets failed, they are asked about next tick: {e}");
+            }
+        }
+    }
+
+    /// Acts on re-check answers; with `follow`, returns the later placed tickets of
+    /// each chat whose earliest ticket lapsed, to ask about each.
+    fn apply_answers(
+        self: &Arc<Self>,
+        waiters: &[PlacedWaiter],
+        states: Vec<TicketState>,
+        sent: Instant,
+        follow: bool,
+    ) -> Vec<PlacedWaiter> {
+        let mut again = Vec::new();
         for ((chat, seq, _), state) in waiters.iter().zip(states) {
             // A ticket gone after our liveness in the chat may have lapsed (no call
             // refreshed it for a TTL: a partition, a pause, a backend down that long)
@@ -279,6 +317,7 @@ impl Inner {
                     // A ticket whose enqueue has not answered yet may not have
                     // arrived: only a grant or a place found is news.
                     if !placed {
+                        log::debug!(target: "botmesh::replica", "re-check of ticket {seq} on chat {:?}, its enqueue unanswered since {:?} ago: {state:?}, ignored", shown_chat(chat), refreshed.map(|t| self.clock.now().saturating_duration_since(t)));
                         continue;
                     }
                     let age = refreshed.map(|t| self.clock.now().saturating_duration_since(t));
@@ -300,19 +339,28 @@ impl Inner {
             };
             match state {
                 // The re-check renewed it (see `Coordinator::renew`).
-                TicketState::Granted(grant) => self.deliver_from(chat, grant, Some(sent)),
+                TicketState::Granted(grant) => {
+                    log::debug!(target: "botmesh::replica", "re-check found grant {} on chat {:?}", grant.ticket, shown_chat(chat));
+                    // The check refreshed our liveness in the chat as it found the grant.
+                    self.waiting.lock().refreshed_chat(chat, sent);
+                    self.deliver_from(chat, grant, Some(sent));
+                }
                 TicketState::Waiting => self.waiting.lock().refreshed(*seq, sent),
                 TicketState::Lapsed => {
                     // Skipped because this replica's liveness lapsed (it was paused or
                     // cut off for longer than a lease): later messages of the chat may
                     // have run since, so running ours now would break the chat's order.
-                    // All of this replica's tickets on the chat lapsed together.
+                    // Our later tickets of the chat may have been skipped too, or may
+                    // still be queued (skipping happens as a ticket reaches the front,
+                    // and a later call refreshed our liveness): each is asked about,
+                    // and only those skipped are lost.
                     if !self.waiting.lock().contains(*seq) {
                         continue;
                     }
-                    let placed = self.waiting.lock().placed_on(chat);
-                    for (_, seq, _) in placed {
-                        self.report_lost(seq, &why);
+                    self.report_lost(*seq, &why);
+                    if follow {
+                        let placed = self.waiting.lock().placed_on(chat);
+                        again.extend(placed);
                     }
                 }
                 TicketState::Gone => {
@@ -332,6 +380,7 @@ impl Inner {
                 }
             }
         }
+        again
     }
 
     /// Puts a ticket the backend lost (a restart without persistence) back in its
@@ -356,6 +405,8 @@ impl Inner {
     fn enqueue_again(self: &Arc<Self>, request: &EnqueueRequest<'_>) {
         let seq = request.ticket.seq;
         match self.coordinator.enqueue(request) {
+            // Not counted from this call: the ticket may have been granted long
+            // before (its reply lost), with a lease bounded by our liveness then.
             Ok(Enqueued::Granted(grant)) => self.deliver(request.chat, grant),
             Ok(Enqueued::Queued) => {
                 self.waiting.lock().mark_placed(seq);

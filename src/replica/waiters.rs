@@ -43,25 +43,75 @@ pub(crate) struct Waiter<G> {
 /// Waiting tickets by sequence number.
 pub(crate) struct Waiters<G> {
     map: HashMap<u64, Waiter<G>>,
+    /// Per chat with waiters here: how many, and when the last call that refreshed
+    /// this replica's liveness in the chat was sent. The backend keeps one liveness
+    /// per replica and chat (SPEC §3: a replica's tickets of a chat lapse together),
+    /// and the re-check asks about the earliest ticket only; without this, a later
+    /// ticket's own `alive_from` stays at its enqueue, and a grant pushed to it much
+    /// later looks nearly lapsed and costs a confirming round trip, which on a
+    /// starved host can fail and lose a turn the backend still held.
+    chats: HashMap<Arc<str>, ChatLiveness>,
+}
+
+/// See [`Waiters::chats`].
+struct ChatLiveness {
+    waiters: usize,
+    refreshed: Option<Instant>,
 }
 
 impl<G> Default for Waiters<G> {
     fn default() -> Self {
         Waiters {
             map: HashMap::default(),
+            chats: HashMap::default(),
         }
     }
 }
 
 impl<G> Waiters<G> {
     pub(crate) fn insert(&mut self, seq: u64, waiter: Waiter<G>) {
-        self.map.insert(seq, waiter);
+        let chat = waiter.chat.clone();
+        if let Some(old) = self.map.insert(seq, waiter) {
+            self.forget(&old.chat);
+        }
+        self.chats
+            .entry(chat)
+            .or_insert(ChatLiveness {
+                waiters: 0,
+                refreshed: None,
+            })
+            .waiters += 1;
     }
 
     /// Takes a waiter out: whoever takes it (a grant, the timer, a cancel) owns its
-    /// outcome, so each wait ends exactly once.
+    /// outcome, so each wait ends exactly once. Its `alive_from` includes the chat's
+    /// latest refresh.
     pub(crate) fn take(&mut self, seq: u64) -> Option<Waiter<G>> {
-        self.map.remove(&seq)
+        let mut w = self.map.remove(&seq)?;
+        if let Some(at) = self.forget(&w.chat) {
+            w.alive_from = w.alive_from.max(at);
+        }
+        Some(w)
+    }
+
+    /// One waiter of `chat` left; returns the chat's latest refresh.
+    fn forget(&mut self, chat: &Arc<str>) -> Option<Instant> {
+        let c = self.chats.get_mut(chat)?;
+        let refreshed = c.refreshed;
+        c.waiters = c.waiters.saturating_sub(1);
+        if c.waiters == 0 {
+            self.chats.remove(chat);
+        }
+        refreshed
+    }
+
+    /// Records that a call sent at `sent` refreshed this replica's liveness in `chat`
+    /// (an enqueue that queued a ticket there, a re-check that found one waiting or
+    /// granted): every ticket of ours there stays alive a TTL from then.
+    pub(crate) fn refreshed_chat(&mut self, chat: &str, sent: Instant) {
+        if let Some(c) = self.chats.get_mut(chat) {
+            c.refreshed = Some(c.refreshed.map_or(sent, |t| t.max(sent)));
+        }
     }
 
     /// Marks a ticket as placed at the backend; `false` if it is gone already.
@@ -90,14 +140,20 @@ impl<G> Waiters<G> {
     /// Records that a call sent at `sent` found the ticket waiting, which refreshed
     /// its liveness at the backend.
     pub(crate) fn refreshed(&mut self, seq: u64, sent: Instant) {
-        if let Some(w) = self.map.get_mut(&seq) {
-            w.alive_from = w.alive_from.max(sent);
-        }
+        let Some(w) = self.map.get_mut(&seq) else {
+            return;
+        };
+        w.alive_from = w.alive_from.max(sent);
+        let chat = w.chat.clone();
+        self.refreshed_chat(&chat, sent);
     }
 
-    /// See [`Waiter::alive_from`]; `None` once the ticket is gone.
+    /// See [`Waiter::alive_from`], with the chat's latest refresh (see
+    /// [`Waiters::refreshed_chat`]); `None` once the ticket is gone.
     pub(crate) fn alive_from(&self, seq: u64) -> Option<Instant> {
-        self.map.get(&seq).map(|w| w.alive_from)
+        let w = self.map.get(&seq)?;
+        let chat = self.chats.get(&w.chat).and_then(|c| c.refreshed);
+        Some(chat.map_or(w.alive_from, |t| t.max(w.alive_from)))
     }
 
     /// Whether the backend confirmed the ticket's place (see [`Waiter::placed`]).
@@ -151,6 +207,7 @@ impl<G> Waiters<G> {
 
     /// Takes every waiter out (a crash forgets them).
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = Waiter<G>> + '_ {
+        self.chats.clear();
         self.map.drain().map(|(_, w)| w)
     }
 
@@ -210,6 +267,33 @@ mod tests {
             in_flight: false,
             on_grant: "cb",
         }
+    }
+
+    /// The backend keeps one liveness per replica and chat: a refresh found through
+    /// the earliest ticket counts for the later ones, also once taken out, and the
+    /// chat's entry goes with its last waiter.
+    #[test]
+    fn a_refresh_through_one_ticket_counts_for_the_chats_others() {
+        let clock = Clock::fake();
+        let start = clock.now();
+        let mut t = Waiters::default();
+        t.insert(1, waiter("a", start, true));
+        t.insert(2, waiter("a", start, true));
+        t.insert(3, waiter("b", start, true));
+        let later = start + Duration::from_secs(9);
+        t.refreshed(1, later);
+        assert_eq!(t.alive_from(2), Some(later));
+        assert_eq!(
+            t.alive_from(3),
+            Some(start),
+            "another chat's refresh is not b's"
+        );
+        let two = t.take(2).map(|w| w.alive_from);
+        assert_eq!(two, Some(later));
+        t.take(1);
+        assert!(!t.chats.contains_key("a"), "a has no waiter left");
+        t.insert(4, waiter("a", start, true));
+        assert_eq!(t.alive_from(4), Some(start), "an old refresh is not kept");
     }
 
     #[test]
