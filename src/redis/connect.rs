@@ -2,8 +2,9 @@
 //! read, and the way servers are found again (one server, cluster seeds, sentinels).
 
 use super::options::{Mode, RedisOptions, mode};
-use super::target::{Loader, Source, Target, host_port};
+use super::target::{Loader, Source, Target};
 use super::url::connection_info;
+use super::url::host_port;
 use crate::coordinator::BackendError;
 
 /// Reads one TLS file; the error names the field and the path.
@@ -77,8 +78,11 @@ pub(super) fn target(
             let base = infos.swap_remove(0);
             (Source::Cluster(seeds), base, label)
         }
-        Mode::Sentinel(_) => {
-            return Err(BackendError::new("sentinel: TODO"));
+        Mode::Sentinel(s) => {
+            let lookup = super::sentinel::Lookup::new(s)?;
+            let label = lookup.label();
+            let base = lookup.base(pw);
+            (Source::Sentinel(lookup), base, label)
         }
     };
     Target::new(

@@ -81,6 +81,7 @@ mod inspect;
 mod keys;
 mod options;
 mod scripts;
+mod sentinel;
 mod server;
 mod subscriber;
 mod target;

@@ -51,6 +51,7 @@ use redis::{
     ServerErrorKind, Value,
 };
 
+use super::url::{describe_at, host_port};
 use crate::coordinator::BackendError;
 
 /// Idle pooled connections kept at most per node.
@@ -73,17 +74,6 @@ pub(super) fn slot_of(key: &[u8]) -> u16 {
     });
     let hashed = tagged.unwrap_or(key);
     crc16::State::<crc16::XMODEM>::calculate(hashed) % SLOTS as u16
-}
-
-/// `host` and `port` of a TCP address; any other (a socket path) as its text and 0.
-pub(super) fn host_port(addr: &ConnectionAddr) -> (String, u16) {
-    match addr {
-        ConnectionAddr::Tcp(h, p)
-        | ConnectionAddr::TcpTls {
-            host: h, port: p, ..
-        } => (h.clone(), *p),
-        other => (other.to_string(), 0),
-    }
 }
 
 /// One Redis server, with its pool of idle connections.
@@ -153,6 +143,8 @@ pub(super) enum Source {
     Single,
     /// Redis Cluster: `CLUSTER SLOTS` from any known node, or from these seeds.
     Cluster(Vec<(String, u16)>),
+    /// The primary the sentinels name for a service.
+    Sentinel(super::sentinel::Lookup),
 }
 
 /// Loads the scripts (or function library) on one connection; called on every
@@ -177,21 +169,6 @@ pub(super) struct Target {
     refreshing: Mutex<()>,
     /// A text naming the servers (never a password), for messages.
     pub(super) label: String,
-}
-
-/// A failure as a backend error naming the server (host:port, never the user or
-/// password; RedisError's own text holds neither) and, for a timeout, the timeout.
-pub(super) fn describe_at(server: &str, timeout: Duration, e: &RedisError) -> BackendError {
-    if e.is_timeout() {
-        BackendError::new(format!(
-            "redis at {server}: no reply within the command timeout ({}): {e}",
-            humantime::format_duration(timeout)
-        ))
-    } else if e.is_connection_refusal() {
-        BackendError::new(format!("redis at {server}: cannot connect: {e}"))
-    } else {
-        BackendError::new(format!("redis at {server}: {e}"))
-    }
 }
 
 fn is_transient(e: &RedisError) -> bool {
@@ -366,6 +343,26 @@ impl Target {
         let next = match &self.source {
             Source::Single => return Ok(()),
             Source::Cluster(seeds) => self.read_slots(seeds, avoid)?,
+            Source::Sentinel(lookup) => {
+                let (host, port) = lookup.primary(self.timeout)?;
+                let node = self.node(&host, port)?;
+                // Mid-failover a sentinel may name a replica not promoted yet.
+                let role = self.on_node(&node, &mut |con| redis::cmd("ROLE").query(con))?;
+                let is_primary = matches!(&role, Value::Array(v) if matches!(v.first(),
+                    Some(Value::BulkString(b)) if b.as_slice() == b"master"));
+                if !is_primary {
+                    return Err(BackendError::new(format!(
+                        "redis at {}: named primary by the sentinels but not (yet) a primary",
+                        node.addr
+                    )));
+                }
+                Map {
+                    generation: 0,
+                    slots: Vec::new(),
+                    primaries: vec![node],
+                    replicas: Vec::new(),
+                }
+            }
         };
         let mut map = self.map.write();
         let changed = map

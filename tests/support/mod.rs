@@ -6,6 +6,9 @@
 //!   replicas, with failover, SIGKILL and slot migration;
 //! - `redis_tls` (feature `tls`): a TLS-only `redis-server` with certificates made
 //!   by `openssl`;
+//! - `held_chat` (feature `redis`): a held chat with waiters through a server fault,
+//!   and the checks after it;
+//! - `redis_sentinel` (feature `redis`): a primary, a replica and 3 sentinels;
 //! - [`Proxy`]: a loopback TCP proxy that can lose a reply;
 //! - [`serial`]: runs timing-bound tests of one test binary one at a time;
 //! - [`transport`]: the test platform with exclusive sessions and its client provider,
@@ -20,10 +23,14 @@
 
 pub mod fake_telegram;
 #[cfg(feature = "redis")]
+pub mod held_chat;
+#[cfg(feature = "redis")]
 pub mod process;
 pub mod proxy;
 #[cfg(feature = "redis")]
 pub mod redis_cluster;
+#[cfg(feature = "redis")]
+pub mod redis_sentinel;
 pub mod redis_server;
 #[cfg(feature = "tls")]
 pub mod redis_tls;
