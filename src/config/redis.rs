@@ -230,7 +230,9 @@ fn check_key_prefix(name: &str, prefix: &str) -> Result<(), String> {
 
 /// Checks Redis options set in code; `prefix` goes before each field name.
 pub(super) fn validate(o: &RedisOptions, prefix: &str) -> Result<(), ConfigError> {
-    if !o.url.is_empty() || (o.cluster.is_empty() && o.sentinel.is_none()) {
+    // An empty URL with no cluster or sentinel either: `check_mode` says what is
+    // missing (one of the three).
+    if !o.url.is_empty() {
         check_url(&format!("{prefix}url"), &o.url).map_err(ConfigError::new)?;
     }
     for (i, url) in o.cluster.iter().enumerate() {

@@ -29,7 +29,7 @@ impl ChatKeys {
     /// The chat's Redis Cluster hash slot: that of its hash tag, shared by every key
     /// of the chat (the claims and the checkpoint included).
     pub(super) fn slot(&self) -> u16 {
-        super::target::slot_of(self.base.as_bytes())
+        super::node::slot_of(self.base.as_bytes())
     }
 
     pub(super) fn key(&self, suffix: &str) -> String {

@@ -79,6 +79,7 @@ use crate::coordinator::{
 mod connect;
 mod inspect;
 mod keys;
+mod node;
 mod options;
 mod scripts;
 mod sentinel;

@@ -337,3 +337,59 @@ impl RedisOptions {
         self
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(o: &RedisOptions) -> String {
+        check_mode(o).expect_err("refused")
+    }
+
+    #[test]
+    fn modes_are_checked_with_the_field_named() {
+        assert!(check_mode(&RedisOptions::new("redis://h:1")).is_ok());
+        assert!(check_mode(&RedisOptions::cluster(["redis://h:1", "redis://h:2"])).is_ok());
+        assert!(check_mode(&RedisOptions::sentinel(["redis://h:26379"], "m")).is_ok());
+        assert!(err(&RedisOptions::new("")).starts_with("url: missing"));
+        let both = RedisOptions {
+            cluster: vec!["redis://h:2".into()],
+            ..RedisOptions::new("redis://h:1")
+        };
+        assert!(err(&both).starts_with("url, cluster: more than one"));
+        assert!(
+            err(&RedisOptions::cluster(["redis://h:1", "redis://h:x"])).starts_with("cluster[1]: ")
+        );
+        assert!(
+            err(&RedisOptions::sentinel(Vec::<String>::new(), "m")).starts_with("sentinel.urls: ")
+        );
+        assert!(
+            err(&RedisOptions::sentinel(["redis://h:1"], "")).starts_with("sentinel.service: \"\"")
+        );
+        let half = RedisOptions {
+            tls: TlsOptions {
+                client_cert: Some("/c.pem".into()),
+                ..TlsOptions::default()
+            },
+            ..RedisOptions::new("redis://h:1")
+        };
+        let e = err(&half);
+        // Without the feature, any TLS file is refused first.
+        let why = if cfg!(feature = "tls") { "both" } else { "`tls` feature" };
+        assert!(e.starts_with("tls") && e.contains(why), "{e}");
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn tls_without_the_feature_is_refused_clearly() {
+        let e = err(&RedisOptions::new("rediss://h:6380"));
+        assert!(
+            e.starts_with("url: a rediss:// (TLS) URL") && e.contains("`tls` feature"),
+            "{e}"
+        );
+        let e = err(&RedisOptions::cluster(["redis://h:1", "rediss://h:2"]));
+        assert!(e.starts_with("cluster[1]: a rediss://"), "{e}");
+        let e = err(&RedisOptions::new("redis://h:1").with_ca_file("/ca.pem"));
+        assert!(e.starts_with("tls: ") && e.contains("`tls` feature"), "{e}");
+    }
+}

@@ -7,7 +7,9 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use botmesh::redis::RedisCoordinator;
@@ -58,7 +60,7 @@ fn bots(connect: &dyn Fn() -> Arc<RedisCoordinator>) -> Run {
                     let chat = ctx.message().chat.clone();
                     let text = ctx.message().text.clone();
                     {
-                        let mut l = log.lock().unwrap();
+                        let mut l = log.lock();
                         let was = l.busy.insert(chat.clone(), true).unwrap_or(false);
                         if was {
                             l.overlaps += 1;
@@ -70,7 +72,7 @@ fn bots(connect: &dyn Fn() -> Arc<RedisCoordinator>) -> Run {
                     if text == "hold" {
                         let _ = gate_rx.recv();
                     }
-                    log.lock().unwrap().busy.insert(chat, false);
+                    log.lock().busy.insert(chat, false);
                     Ok(())
                 })
                 .on_outcome(move |m, o| {
@@ -161,7 +163,7 @@ pub fn scenario<S>(
         .expect("deliver after");
     let (text, what) = run.outcomes.recv_timeout(RECV).expect("after ends");
     assert_eq!((text.as_str(), what.as_str()), ("after", "handled"));
-    let log = run.log.lock().unwrap();
+    let log = run.log.lock();
     assert_eq!(log.overlaps, 0, "no two handlers of a chat at once");
     let tokens: Vec<u64> = log
         .starts

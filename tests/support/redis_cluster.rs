@@ -325,10 +325,10 @@ impl RedisCluster {
             else {
                 continue;
             };
-            if (*a..=*b).contains(&i64::from(slot)) {
-                if let Some(redis::Value::Int(port)) = p.get(1) {
-                    return u16::try_from(*port).expect("port");
-                }
+            if (*a..=*b).contains(&i64::from(slot))
+                && let Some(redis::Value::Int(port)) = p.get(1)
+            {
+                return u16::try_from(*port).expect("port");
             }
         }
         panic!("no primary serves slot {slot}")
