@@ -52,14 +52,43 @@
 //!
 //! Each replica has one subscriber thread on its wake channel; a lost wake-up (killed
 //! connection, Redis restart) is covered by the `check` in the next renewal tick.
-//! Connections are pooled and reused; a call that fails on a broken connection is
-//! retried once on a fresh one. All scripts are safe to repeat: a repeated `release`
+//! Connections are pooled per server and reused; every call goes through one routing
+//! layer (`target.rs`), which retries a broken connection on a fresh one and handles
+//! redirections and failovers within the command timeout. All scripts are safe to
+//! repeat: a repeated `release`
 //! of a handled message recognises its own first run by the claim (`!` and the
 //! ticket); one without a message id may still answer `lost` for a release that had
 //! in fact succeeded.
 //!
 //! Round trips per message: 2 when the chat is free (enqueue, release), plus the pub/sub
-//! push when it has to wait. Renewal: 1 per tick per replica, whatever it holds.
+//! push when it has to wait. Renewal: 1 per tick per replica, whatever it holds (in
+//! a cluster, one pipeline per node, all sent before any reply is read).
+//!
+//! # Redis Cluster, Sentinel, TLS
+//!
+//! - **Cluster** ([`RedisOptions::cluster`]): every script's keys are one chat's
+//!   (`h q w l` and the claim `m:<id>`, or `h c` for a checkpoint), all under the
+//!   chat's hash tag, so each call goes to the primary of the chat's slot, read from
+//!   `CLUSTER SLOTS`. The scripts are loaded on every primary at connect and again on
+//!   a node that answers `NOSCRIPT` (a promoted replica has none: scripts are not
+//!   replicated). Routing and retries: see `target.rs`; wake-ups: `subscriber.rs`
+//!   (a plain `PUBLISH` reaches a subscriber on any node). A renewal that reaches some
+//!   nodes and not others reports the unreachable nodes' leases lost and keeps the
+//!   rest; when no node answers it fails as a whole, as with one server.
+//! - **Sentinel** ([`RedisOptions::sentinel`]): one server whose address the
+//!   sentinels give, asked again after a broken connection or a `READONLY` answer
+//!   (the old primary demoted), so a failover is followed: waiters re-queue through
+//!   the re-check, a lease the new primary does not have is reported lost.
+//! - **TLS** (feature `tls`): `rediss://` URLs, with [`TlsOptions`] for a CA file and
+//!   a client certificate; the same files serve every node of a cluster.
+//!
+//! Fencing tokens after a failover that lost the last writes (asynchronous
+//! replication): the new primary may not know the last grant, but the next token is
+//! still above it, being the new primary's time in µs, later than the lost grant's by
+//! the failover's duration (seconds) as long as the servers' clocks agree better than
+//! that. The lost grant's holder can still be running for up to one renewal period;
+//! its fenced writes (checkpoints, release) are refused. `WAIT` on grants would close
+//! that window at one more round trip per grant; it is not done.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -100,8 +129,9 @@ struct Subscriber {
     thread: Option<JoinHandle<()>>,
 }
 
-/// The Redis backend: standalone Redis or Valkey 7+, shared by replicas in any number of
-/// processes. See the module docs for the keys and scripts.
+/// The Redis backend: standalone Redis or Valkey 7+, a Redis Cluster, or a primary
+/// found through Sentinel, shared by replicas in any number of processes. See the
+/// module docs for the keys, scripts and modes.
 ///
 /// ```no_run
 /// use std::sync::Arc;

@@ -375,7 +375,11 @@ mod tests {
         };
         let e = err(&half);
         // Without the feature, any TLS file is refused first.
-        let why = if cfg!(feature = "tls") { "both" } else { "`tls` feature" };
+        let why = if cfg!(feature = "tls") {
+            "both"
+        } else {
+            "`tls` feature"
+        };
         assert!(e.starts_with("tls") && e.contains(why), "{e}");
     }
 

@@ -1,5 +1,6 @@
 //! The Redis URL and password: parsed once, checked at config load, and turned into the
-//! client's connection settings with a password given apart from the URL applied.
+//! client's connection settings with a password given apart from the URL applied; a
+//! server's address and a failure at it as error text.
 
 use std::time::Duration;
 
