@@ -42,8 +42,9 @@
 //! - **silent losses**: updates that never ended, or ended only as `duplicate` with no
 //!   `handled` line anywhere;
 //! - **drops**: each `dropped` must be explained by a fault (`chaos/judge.rs` has the
-//!   rules: which fault may cause which reason, on which replica, in which window);
-//!   the rest are unexplained.
+//!   rules: which fault may cause which reason, on which replica, in which window), or
+//!   by a stall of the link that the probe saw (`chaos/probe.rs`: a ping to Redis
+//!   through the proxy slower than the renewal period); the rest are unexplained.
 //!
 //! ## Output
 //!
@@ -58,7 +59,8 @@
 //! ```
 //!
 //! `--log PATH` writes the replay's event log to PATH and the faults to `PATH.faults`
-//! (`{"event":"fault","kind":"pause","replica":"r2","start_us":…,"end_us":…}`, times in
+//! (`{"event":"fault","kind":"pause","replica":"r2","start_us":…,"end_us":…}`, and
+//! `{"event":"stall","start_us":…,"end_us":…}` for the probe's stalls, times in
 //! µs since the Unix epoch like the log's `at_us`, `start_us` and `end_us`), so an
 //! independent checker can redo the attribution. Exit status 0 when there were no
 //! violations, no silent losses and no unexplained drops (and every fault was
@@ -330,6 +332,18 @@ fn write_unexplained(log: &std::path::Path, verdict: &judge::Verdict) -> Result<
     std::fs::write(&path, text).map_err(|e| format!("--log: cannot write {}: {e}", path.display()))
 }
 
+/// One JSON value and a newline.
+fn json_line(
+    out: &mut impl Write,
+    value: &impl Serialize,
+    path: &std::path::Path,
+) -> Result<(), String> {
+    serde_json::to_writer(&mut *out, value)
+        .map_err(std::io::Error::from)
+        .and_then(|()| out.write_all(b"\n"))
+        .map_err(|e| format!("--log: cannot write {}: {e}", path.display()))
+}
+
 #[derive(Serialize)]
 struct StallLine {
     event: &'static str,
@@ -358,10 +372,7 @@ fn write_faults(
             length_ms: s.length.as_millis(),
             detail: &s.detail,
         };
-        serde_json::to_writer(&mut out, &line)
-            .map_err(std::io::Error::from)
-            .and_then(|()| out.write_all(b"\n"))
-            .map_err(|e| format!("--log: cannot write {}: {e}", path.display()))?;
+        json_line(&mut out, &line, &path)?;
     }
     for s in stalls {
         let line = StallLine {
@@ -369,10 +380,7 @@ fn write_faults(
             start_us: s.start_us,
             end_us: s.end_us,
         };
-        serde_json::to_writer(&mut out, &line)
-            .map_err(std::io::Error::from)
-            .and_then(|()| out.write_all(b"\n"))
-            .map_err(|e| format!("--log: cannot write {}: {e}", path.display()))?;
+        json_line(&mut out, &line, &path)?;
     }
     out.flush()
         .map_err(|e| format!("--log: cannot write {}: {e}", path.display()))

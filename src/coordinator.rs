@@ -107,7 +107,12 @@ pub struct Waiting<'a> {
 /// Where a waiting ticket stands, as seen by [`Coordinator::renew`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TicketState {
-    /// The ticket holds the turn (its grant may also have been pushed).
+    /// The ticket, or another ticket of the same replica in the same chat, holds the
+    /// turn (its grant may also have been pushed); the grant names the holder. The
+    /// re-check asks about a replica's earliest ticket of a chat by sequence, and a
+    /// ticket queued again later (an in-flight claim taken over, a re-queue) stands
+    /// behind later ones: a grant to any of them must be found, or a lost wake-up for
+    /// it would go unnoticed until its lease ran out.
     Granted(Grant),
     /// Still in the queue.
     Waiting,

@@ -478,7 +478,8 @@ impl Shard {
             pushes.push((w.chat.to_owned(), g));
         }
         let state = match chat.holder.as_mut() {
-            Some(h) if &h.ticket == w.ticket => {
+            // This ticket, or another of its replica's (see `TicketState::Granted`).
+            Some(h) if h.ticket.replica == w.ticket.replica => {
                 // Renewed, as the holder's renewal would (see `Coordinator::renew`).
                 h.lease_until = h.lease_until.max(env.now + env.ttl);
                 TicketState::Granted(grant_of(h))

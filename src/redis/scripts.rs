@@ -84,7 +84,9 @@ return 0
 
 pub(super) const CHECK: &str = r#"
 local hv = holder_or_settle(h, q, w, l, chat, t, ttl, hist, wake)
-local granted = hv and hv[1] == t
+-- Held by this ticket or another of the caller's: the caller asks about its earliest
+-- ticket by sequence, and one queued again later stands behind later ones.
+local granted = hv and replica_of(hv[1]) == replica_of(t)
 if granted or redis.call('LPOS', q, t) then
   -- The caller is alive: its later tickets in this chat stay so too (the re-check
   -- asks about its earliest ticket only, and a grant may wait a while to be used).
@@ -94,7 +96,7 @@ if granted or redis.call('LPOS', q, t) then
     -- Renewed as the holder's own renewal would: the caller counts the lease from
     -- this call, with no further round trip before using it.
     redis.call('PEXPIRE', h, ttl, 'GT')
-    return {'granted', t, hv[2], hv[3], hv[4]}
+    return {'granted', hv[1], hv[2], hv[3], hv[4]}
   end
   return {'waiting'}
 end

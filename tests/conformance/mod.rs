@@ -865,8 +865,77 @@ pub fn checkpoint_fencing<H: Harness>() {
 }
 
 /// Runs the whole suite for a harness type.
+/// The re-check asks about a replica's earliest ticket of a chat by sequence; a ticket
+/// queued again later (an in-flight claim taken over, a re-queue) stands behind later
+/// ones. A grant to any of the replica's tickets in the chat is reported, so a lost
+/// wake-up for it is found by the next tick, not when its lease has run out.
+pub fn recheck_finds_a_grant_to_another_ticket_of_the_caller<H: Harness>() {
+    let h = H::start(LONG);
+    let c = h.coordinator();
+    let (hid, rid): (botmesh::ReplicaId, botmesh::ReplicaId) = (Arc::from("h"), Arc::from("r"));
+    for id in [&hid, &rid] {
+        // Every push is dropped: the wake-ups are lost.
+        c.attach(id, Arc::new(|_: &str, _| {})).expect("attach");
+    }
+    let ticket = |replica: &botmesh::ReplicaId, seq| Ticket {
+        replica: replica.clone(),
+        seq,
+    };
+    let (holder, late, early) = (ticket(&hid, 1), ticket(&rid, 7), ticket(&rid, 3));
+    let enqueue = |t: &Ticket| {
+        c.enqueue(&EnqueueRequest {
+            chat: "chat",
+            ticket: t,
+            message_id: None,
+            wait: LONG,
+        })
+        .expect("enqueue")
+    };
+    let Enqueued::Granted(first) = enqueue(&holder) else {
+        panic!("a free chat is granted at once");
+    };
+    // r's ticket 7 is queued before its ticket 3.
+    assert_eq!(enqueue(&late), Enqueued::Queued);
+    assert_eq!(enqueue(&early), Enqueued::Queued);
+    let lease = HeldLease {
+        chat: "chat",
+        ticket: &holder,
+        token: first.token,
+    };
+    c.release(&lease, None).expect("release");
+    let asked = [Waiting {
+        chat: "chat",
+        ticket: &early,
+        message_id: None,
+    }];
+    let renewal = c.renew(&rid, &[], &asked).expect("renew");
+    let found = match renewal.waiting.first() {
+        Some(botmesh::TicketState::Granted(g)) => g.clone(),
+        other => panic!("expected the grant to ticket 7, got {other:?}"),
+    };
+    assert_eq!(found.ticket, late);
+    let held = HeldLease {
+        chat: "chat",
+        ticket: &late,
+        token: found.token,
+    };
+    assert!(
+        matches!(c.release(&held, None), Ok(Released::Released { .. })),
+        "the found grant is the chat's live lease"
+    );
+    c.cancel(&asked[0]).expect("cancel");
+    for id in [&hid, &rid] {
+        c.detach(id, &[]).expect("detach");
+    }
+}
+
 macro_rules! suite {
     ($h:ty) => {
+        #[test]
+        fn recheck_finds_a_grant_to_another_ticket_of_the_caller() {
+            let _serial = crate::support::serial();
+            conformance::recheck_finds_a_grant_to_another_ticket_of_the_caller::<$h>();
+        }
         #[test]
         fn exclusion_and_fencing() {
             let _serial = crate::support::serial();
