@@ -217,6 +217,7 @@ impl RedisCoordinator {
                 Ok(Value::Okay)
             });
         }
+        target.started();
         let ttl_ms = u64::try_from(options.lease_ttl.as_millis()).unwrap_or(u64::MAX);
         Ok(RedisCoordinator {
             target: Arc::new(target),

@@ -37,13 +37,15 @@ pub(super) struct Node {
 }
 
 impl Node {
-    pub(super) fn take(&self, timeout: Duration) -> RedisResult<Connection> {
+    /// A pooled connection, or a new one: `connect` bounds the connection (and TLS
+    /// handshake), `io` every read and write on it.
+    pub(super) fn take(&self, connect: Duration, io: Duration) -> RedisResult<Connection> {
         if let Some(con) = self.pool.lock().pop() {
             return Ok(con);
         }
-        let con = self.client.get_connection_with_timeout(timeout)?;
-        con.set_read_timeout(Some(timeout))?;
-        con.set_write_timeout(Some(timeout))?;
+        let con = self.client.get_connection_with_timeout(connect)?;
+        con.set_read_timeout(Some(io))?;
+        con.set_write_timeout(Some(io))?;
         Ok(con)
     }
 

@@ -90,7 +90,12 @@ pub(super) struct Target {
     refreshing: Mutex<()>,
     /// A text naming the servers (never a password), for messages.
     pub(super) label: String,
+    /// Set until the coordinator has connected (see `connect_timeout`).
+    starting: std::sync::atomic::AtomicBool,
 }
+
+/// The shortest time a connection may take to open while the coordinator connects.
+const STARTUP_CONNECT: Duration = Duration::from_secs(2);
 
 fn is_transient(e: &RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_unrecoverable_error()
@@ -142,6 +147,7 @@ impl Target {
             nodes: Mutex::new(HashMap::new()),
             refreshing: Mutex::new(()),
             label,
+            starting: std::sync::atomic::AtomicBool::new(true),
         };
         match &me.source {
             Source::Single => {
@@ -162,6 +168,23 @@ impl Target {
     /// The command timeout.
     pub(super) fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// How long a new connection may take to open: the command timeout, but at least
+    /// [`STARTUP_CONNECT`] while the coordinator connects (no lease is at stake yet,
+    /// and a TLS handshake on a busy host can outlast a short timeout).
+    fn connect_timeout(&self) -> Duration {
+        if self.starting.load(std::sync::atomic::Ordering::Acquire) {
+            self.timeout.max(STARTUP_CONNECT)
+        } else {
+            self.timeout
+        }
+    }
+
+    /// Ends the start-up: from now on connections open within the command timeout.
+    pub(super) fn started(&self) {
+        self.starting
+            .store(false, std::sync::atomic::Ordering::Release);
     }
 
     fn client_for(&self, info: ConnectionInfo) -> RedisResult<Client> {
@@ -325,11 +348,13 @@ impl Target {
         asked.sort_by_key(|n| Some(n.addr.as_str()) == avoid);
         let mut last = String::from("no node to ask");
         for n in asked {
-            let reply = n.take(self.timeout).and_then(|mut con| {
-                let v: Value = redis::cmd("CLUSTER").arg("SLOTS").query(&mut con)?;
-                n.give(con);
-                Ok(v)
-            });
+            let reply = n
+                .take(self.connect_timeout(), self.timeout)
+                .and_then(|mut con| {
+                    let v: Value = redis::cmd("CLUSTER").arg("SLOTS").query(&mut con)?;
+                    n.give(con);
+                    Ok(v)
+                });
             match reply {
                 Ok(v) => match parse_slots(&n, v, &|h, p| self.node(h, p)) {
                     Ok(map) => return Ok(map),
@@ -405,7 +430,7 @@ impl Target {
         loop {
             attempt += 1;
             let mut con = node
-                .take(self.timeout)
+                .take(self.connect_timeout(), self.timeout)
                 .map_err(|e| describe_at(&node.addr, self.timeout, &e))?;
             match f(&mut con) {
                 Ok(v) => {
@@ -489,10 +514,12 @@ impl Target {
                     }
                     cmds[i].1.write_packed_command(&mut packed);
                 }
-                let con = node.take(self.timeout).and_then(|mut con| {
-                    con.send_packed_command(&packed)?;
-                    Ok(con)
-                });
+                let con = node
+                    .take(self.connect_timeout(), self.timeout)
+                    .and_then(|mut con| {
+                        con.send_packed_command(&packed)?;
+                        Ok(con)
+                    });
                 match con {
                     Ok(con) => sent.push((node, ids, Some(con))),
                     Err(e) => {
