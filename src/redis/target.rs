@@ -69,7 +69,10 @@ pub(super) enum Source {
 }
 
 /// Loads the scripts (or function library) on one connection; called on every
-/// primary at connect and on a node that answers that they are missing.
+/// primary at connect and on a node that answers that they are missing. With
+/// `EVALSHA` scripts it is a `SCRIPT LOAD` per script and "missing" is `NOSCRIPT`;
+/// a Redis function library would be one `FUNCTION LOAD REPLACE` and "missing" the
+/// server's "function not found" error. The routing does not care which.
 pub(super) type Loader = Box<dyn Fn(&mut Connection) -> RedisResult<()> + Send + Sync>;
 
 /// Where commands go. See the module docs.
