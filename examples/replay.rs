@@ -18,6 +18,8 @@
 //! cargo run --release --example replay -- --backend redis --redis-url redis://127.0.0.1:6379
 //! cargo run --release --example replay -- --backend redis --redis-url redis://127.0.0.1:6379 \
 //!     --processes --kill-replica-at 0.5 --log replay.jsonl
+//! cargo run --release --example replay -- --backend redis --redis-url redis://127.0.0.1:6379 \
+//!     --processes --redis-stats   # what a message costs Redis: commands, µs, round trips, memory
 //! cargo run --release --example replay -- --help
 //! ```
 //!
@@ -67,7 +69,13 @@
 //! `--backend redis --redis-url URL` runs the same replay over a Redis server. Every run
 //! uses a fresh key prefix `replay-<pid>-<nanos>` (or `--key-prefix`), so runs on one
 //! server never meet; botmesh gives every key it leaves a TTL, so nothing needs
-//! cleaning up. `--lease-ttl` sets the lease TTL (default 10 s).
+//! cleaning up. `--lease-ttl` sets the lease TTL (default 10 s). `--redis-stats` reads
+//! the server's `INFO` (commandstats, stats, cpu, memory) and `DBSIZE` before and after
+//! the run and adds what it cost per handled message to the summary and to the JSON
+//! record's `extra.redis_stats`: commands (script calls and the commands inside them),
+//! µs in commands, server CPU µs, round trips (the server's read events), and the
+//! memory and keys left behind (see `replay/redis_stats.rs`; the server should run
+//! nothing else meanwhile).
 //!
 //! With `--processes` every replica is its own OS process: the example starts itself
 //! again once per replica (hidden flag `--child-replica rK`, the URL passed in the
@@ -123,6 +131,8 @@ mod parts;
 mod procs;
 #[path = "replay/protocol.rs"]
 mod protocol;
+#[path = "replay/redis_stats.rs"]
+mod redis_stats;
 #[path = "replay/report.rs"]
 mod report;
 
@@ -166,9 +176,23 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let redis = RedisSettings::of(&options);
+    let before = match redis.as_ref().filter(|_| options.redis_stats) {
+        Some(settings) => match redis_stats::take(&settings.url) {
+            Ok(snapshot) => Some(snapshot),
+            Err(e) => {
+                eprintln!("replay: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
     let result = match &redis {
         Some(settings) if options.processes => parent::replay(&options, settings),
         _ => replay(&options, redis.as_ref()),
+    };
+    let result = match (result, before, &redis) {
+        (Ok(summary), Some(before), Some(settings)) => with_cost(summary, &before, settings),
+        (result, _, _) => result,
     };
     // A signal stop under way ends the process with its own status.
     signals::park_if_stopping();
@@ -204,6 +228,22 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Adds what the run cost the Redis server (`--redis-stats`), read now that every
+/// replica has stopped.
+fn with_cost(
+    mut summary: Summary,
+    before: &redis_stats::Snapshot,
+    settings: &RedisSettings,
+) -> Result<Summary, String> {
+    let after = redis_stats::take(&settings.url)?;
+    let cost = redis_stats::cost(before, &after, summary.handled);
+    let json = serde_json::to_value(&cost).map_err(|e| format!("--redis-stats: {e}"))?;
+    if let Some(r) = summary.redis.as_mut() {
+        r.cost = Some((cost.human(), json));
+    }
+    Ok(summary)
 }
 
 /// The payload each message carries to the handler and the outcome hook: its index in

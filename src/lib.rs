@@ -128,9 +128,10 @@ pub use config::{
     HandoverConfig, MemoryOptions, ProviderSession,
 };
 pub use coordinator::{
-    BackendError, CHECKPOINT_TTL, ChatView, Coordinator, DEFAULT_DEDUP_WINDOW, DEFAULT_LEASE_TTL,
-    EnqueueRequest, Enqueued, Grant, GrantSink, HISTORY, HeldLease, HolderView, LeaderView,
-    MeshView, Previous, Released, Renewal, ReplicaId, Ticket, TicketState, Token, Waiting,
+    BackendError, CHECKPOINT_TTL, ChatView, Coordinator, DEFAULT_DEDUP_IDS, DEFAULT_DEDUP_WINDOW,
+    DEFAULT_LEASE_TTL, EnqueueRequest, Enqueued, Grant, GrantSink, HISTORY, HeldLease, HolderView,
+    LeaderView, MAX_DEDUP_IDS, MeshView, Previous, Released, Renewal, ReplicaId, Ticket,
+    TicketState, Token, Waiting,
 };
 pub use error::{CoordinationUnavailableError, Error, HandlerError, Reason};
 pub use flow::{Answer, Cancelled, Capture, Flow, State, StepContext};

@@ -1367,3 +1367,46 @@ fn clock_drift_loads_in_either_spelling() {
     }
     assert_eq!(json(r#"{"coordinator": {"memory": {}}}"#).clock_drift, None);
 }
+
+// ----- dedupIds
+
+/// `dedupIds` (handled message ids a chat remembers at least) reads as a whole number
+/// from 1 to 10,000 for both backends, defaults to 64, and a value out of range or of
+/// the wrong kind is refused naming the field and the value.
+#[test]
+fn dedup_ids_is_read_checked_and_defaulted() {
+    assert_eq!(
+        memory(&json(r#"{"coordinator": {"memory": {}}}"#)).dedup_ids,
+        botmesh::DEFAULT_DEDUP_IDS
+    );
+    assert_eq!(
+        memory(&json(r#"{"coordinator": {"memory": {"dedupIds": 128}}}"#)).dedup_ids,
+        128
+    );
+    json_err(
+        r#"{"coordinator": {"memory": {"dedupIds": 0}}}"#,
+        &["coordinator.memory.dedupIds: 0 is out of range"],
+    );
+    json_err(
+        r#"{"coordinator": {"memory": {"dedupIds": "64"}}}"#,
+        &["coordinator.memory.dedupIds", "\"64\" is a string"],
+    );
+    let err = MemoryOptions::default().with_dedup_ids(20_000).validate();
+    assert!(
+        err.is_err_and(|e| e.to_string().contains("dedupIds: 20000 is out of range")),
+        "refused in code too"
+    );
+    #[cfg(feature = "redis")]
+    {
+        let config =
+            json(r#"{"coordinator": {"redis": {"url": "redis://h:6379", "dedupIds": 32}}}"#);
+        let CoordinatorConfig::Redis(options) = &config.coordinator else {
+            panic!("a redis coordinator");
+        };
+        assert_eq!(options.dedup_ids, 32);
+        json_err(
+            r#"{"coordinator": {"redis": {"url": "redis://h:6379", "dedupIds": 10001}}}"#,
+            &["coordinator.redis.dedupIds: 10001 is out of range"],
+        );
+    }
+}

@@ -271,13 +271,13 @@ fn lost_reply_is_retried_idempotently() {
         panic!("expected a grant");
     };
     let mut con = server.connection();
-    let holder: Vec<u8> = redis::cmd("GET")
-        .arg("botmesh:{chat}:h")
+    // The holder record is field `h` of the chat's state hash: `token,lease end,…`.
+    let holder: String = redis::cmd("HGET")
+        .arg("botmesh:{chat}:s")
+        .arg("h")
         .query(&mut con)
-        .expect("GET");
-    // The holder record is `ticket NUL token NUL …`.
-    let fields: Vec<&[u8]> = holder.split(|b| *b == 0).collect();
-    let token = String::from_utf8_lossy(fields[1]).into_owned();
+        .expect("HGET");
+    let token = holder.split(',').next().unwrap_or_default().to_owned();
     assert_eq!(token, g1.token.to_string(), "one grant, one token");
     // A queued ticket whose reply is lost: queued once.
     let t2 = Ticket {
@@ -294,10 +294,11 @@ fn lost_reply_is_retried_idempotently() {
         1,
         "the ticket is queued once"
     );
-    let claim: String = redis::cmd("GET")
-        .arg("botmesh:{chat}:m:m2")
+    let claim: String = redis::cmd("HGET")
+        .arg("botmesh:{chat}:s")
+        .arg("mm2")
         .query(&mut con)
-        .expect("GET");
+        .expect("HGET");
     assert_eq!(
         claim, "2:r",
         "the message id is claimed once, by the ticket"
@@ -482,6 +483,25 @@ fn pttl(server: &RedisServer, key: &str) -> i64 {
         .expect("PTTL")
 }
 
+/// The lease left on a chat's holder: the lease end (µs, server clock) in the holder
+/// record (field `h` of its state hash: `token,lease end,…`) less the server's time, in
+/// ms.
+fn lease_left_ms(server: &RedisServer, key: &str) -> i64 {
+    let mut con = server.connection();
+    let holder: String = redis::cmd("HGET")
+        .arg(key)
+        .arg("h")
+        .query(&mut con)
+        .expect("HGET");
+    let until: i64 = holder
+        .split(',')
+        .nth(1)
+        .and_then(|u| u.parse().ok())
+        .expect("a lease end");
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query(&mut con).expect("TIME");
+    (until - (secs * 1_000_000 + micros)) / 1000
+}
+
 /// Replicas with different lease TTLs (a rolling deploy) share one chat. A short-TTL
 /// replica's calls must not cut the queue's expiry below what a long-TTL waiter
 /// needs (its queue would vanish and a later arrival would be served first), and a
@@ -543,11 +563,89 @@ fn mixed_ttls_keep_the_queue_and_the_grantees_lease() {
     ));
     let (_, ga) = rx.recv_timeout(RECV).expect("a's grant is pushed");
     assert_eq!(ga.ticket, ta);
-    let left = pttl(&server, "botmesh:{x}:h");
+    let left = lease_left_ms(&server, "botmesh:{x}:s");
     assert!(
         left > 20_000,
         "a (TTL 30 s) was granted by h (TTL 3 s) a lease of only {left} ms"
     );
     drop(a);
     drop(b);
+}
+
+/// The re-check of a ticket that was granted by a push (the push may be late, or lost)
+/// renews the grant with it and refreshes the caller's liveness in the chat, also for
+/// its later tickets there: the caller then counts the lease from its re-check, and a
+/// grant waiting to be used neither runs out nor lets the caller's next tickets lapse.
+/// A re-check never shortens a lease. Read from the state hash, without waiting.
+#[test]
+fn the_re_check_of_a_granted_ticket_renews_it_and_the_callers_liveness() {
+    let server = RedisServer::start();
+    // One replica id, reached through a short-TTL and a long-TTL coordinator: the
+    // short one sets the liveness the push's lease is cut to, the long one re-checks.
+    let short = coordinator(&server.url(), Duration::from_secs(1));
+    let long = coordinator(&server.url(), Duration::from_secs(30));
+    let holder = coordinator(&server.url(), Duration::from_secs(3));
+    let (r, h): (botmesh::ReplicaId, botmesh::ReplicaId) = (Arc::from("r"), Arc::from("h"));
+    for (c, id) in [(&short, &r), (&long, &r), (&holder, &h)] {
+        c.attach(id, Arc::new(|_: &str, _| {})).expect("attach");
+    }
+    let ticket = |replica: &botmesh::ReplicaId, seq| Ticket {
+        replica: replica.clone(),
+        seq,
+    };
+    let enqueue = |c: &RedisCoordinator, t: &Ticket| {
+        c.enqueue(&EnqueueRequest {
+            chat: "x",
+            ticket: t,
+            message_id: None,
+            wait: RECV,
+        })
+        .expect("enqueue")
+    };
+    let (th, t1, t2) = (ticket(&h, 1), ticket(&r, 1), ticket(&r, 2));
+    let Enqueued::Granted(gh) = enqueue(&holder, &th) else {
+        panic!("a free chat is granted");
+    };
+    assert_eq!(enqueue(&short, &t1), Enqueued::Queued);
+    assert_eq!(enqueue(&short, &t2), Enqueued::Queued);
+    let lease = HeldLease {
+        chat: "x",
+        ticket: &th,
+        token: gh.token,
+    };
+    holder.release(&lease, None).expect("release");
+    // Pushed to r with a lease cut to r's liveness (about 1 s).
+    assert!(lease_left_ms(&server, "botmesh:{x}:s") <= 1_000);
+    let waiting = [botmesh::Waiting {
+        chat: "x",
+        ticket: &t1,
+        message_id: None,
+    }];
+    let renewal = long.renew(&r, &[], &waiting).expect("re-check");
+    assert!(
+        matches!(renewal.waiting.as_slice(), [botmesh::TicketState::Granted(g)] if g.ticket == t1),
+        "{:?}",
+        renewal.waiting
+    );
+    let left = lease_left_ms(&server, "botmesh:{x}:s");
+    assert!(left > 20_000, "the re-check left a lease of {left} ms");
+    let alive = alive_left_ms(&server, "botmesh:{x}:s", "r");
+    assert!(alive > 20_000, "r's liveness in the chat: {alive} ms");
+    // A short-TTL re-check of the same grant keeps the longer lease.
+    short.renew(&r, &[], &waiting).expect("re-check");
+    let kept = lease_left_ms(&server, "botmesh:{x}:s");
+    assert!(kept > 20_000, "a re-check shortened the lease to {kept} ms");
+}
+
+/// Until when `replica`'s tickets in the chat count as alive (field `a<replica>` of its
+/// state hash, µs, server clock) less the server's time, in ms.
+fn alive_left_ms(server: &RedisServer, key: &str, replica: &str) -> i64 {
+    let mut con = server.connection();
+    let until: i64 = redis::cmd("HGET")
+        .arg(key)
+        .arg(format!("a{replica}"))
+        .query(&mut con)
+        .expect("HGET");
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query(&mut con).expect("TIME");
+    (until - (secs * 1_000_000 + micros)) / 1000
 }

@@ -36,6 +36,8 @@ options:
                            sentinels instead of --redis-url (with --sentinel-service)
   --sentinel-service NAME  the service the sentinels monitor, e.g. mymaster
   --key-prefix P           Redis key prefix [default: a fresh replay-<pid>-<nanos> per run]
+  --dedup-ids N            handled message ids each chat remembers at least (Redis)
+                           [default: the library's, 64]
   --lease-ttl DURATION     Redis lease TTL, e.g. 10s, 2s (with --backend redis) [default: 10s]
   --processes              run each replica as its own OS process (needs --backend redis);
                            --senders is then the intake threads of each replica process
@@ -44,6 +46,9 @@ options:
   --max-backlog N          with --processes: the platform holds a chat's next update while N
                            of its updates were accepted and have not ended, as Telegram holds
                            updates for a slow bot [default: no limit]
+  --redis-stats            with --backend redis: read INFO and DBSIZE before and after the run
+                           and report Redis commands, µs and round trips per message and the
+                           memory left behind (the server should run nothing else meanwhile)
   --log PATH               write one JSON line per update as it ends
   --json                   end stdout with one JSON record (the shared benchmark record format)
   -h, --help               print this help
@@ -104,6 +109,8 @@ pub struct Options {
     pub key_prefix: Option<String>,
     /// The Redis lease TTL; `None`: the library's default.
     pub lease_ttl: Option<Duration>,
+    /// The Redis `dedup_ids` option; `None`: the library's default.
+    pub dedup_ids: Option<usize>,
     /// Whether each replica runs as its own OS process.
     pub processes: bool,
     /// With `processes`: SIGKILL one replica once this fraction of the updates was
@@ -119,6 +126,8 @@ pub struct Options {
     /// line to before each handler returns, so that a handled update is on record even
     /// when the process is killed before it could report it.
     pub part: Option<PathBuf>,
+    /// Whether to read the Redis server's counters before and after the run.
+    pub redis_stats: bool,
     /// Where to write the per-update log, if anywhere.
     pub log: Option<PathBuf>,
     /// Whether to end stdout with the JSON record.
@@ -147,11 +156,13 @@ impl Options {
             sentinel_service: None,
             key_prefix: None,
             lease_ttl: None,
+            dedup_ids: None,
             processes: false,
             kill_replica_at: None,
             max_backlog: None,
             child_replica: None,
             part: None,
+            redis_stats: false,
             log: None,
             json: false,
         }
@@ -274,6 +285,18 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String
                 }
                 o.key_prefix = Some(v);
             }
+            Long("dedup-ids") => {
+                let v = text(&mut parser, "--dedup-ids")?;
+                match v.parse::<usize>() {
+                    Ok(n) if (1..=botmesh::MAX_DEDUP_IDS).contains(&n) => o.dedup_ids = Some(n),
+                    _ => {
+                        return Err(format!(
+                            "--dedup-ids: {v:?} is not a whole number from 1 to {}",
+                            botmesh::MAX_DEDUP_IDS
+                        ));
+                    }
+                }
+            }
             Long("lease-ttl") => {
                 let v = text(&mut parser, "--lease-ttl")?;
                 match humantime::parse_duration(&v) {
@@ -310,6 +333,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String
             Long("part") => o.part = Some(PathBuf::from(value(&mut parser, "--part")?)),
             Long("log") => o.log = Some(PathBuf::from(value(&mut parser, "--log")?)),
             Long("json") => o.json = true,
+            Long("redis-stats") => o.redis_stats = true,
             Short('h') | Long("help") => return Ok(Command::Help),
             _ => return Err(arg.unexpected().to_string()),
         }
@@ -365,9 +389,11 @@ fn check_combination(o: &Options) -> Result<(), String> {
         ("--redis-sentinel", !o.redis_sentinel.is_empty()),
         ("--key-prefix", o.key_prefix.is_some()),
         ("--lease-ttl", o.lease_ttl.is_some()),
+        ("--dedup-ids", o.dedup_ids.is_some()),
         ("--processes", o.processes),
         ("--child-replica", o.child_replica.is_some()),
         ("--part", o.part.is_some()),
+        ("--redis-stats", o.redis_stats),
     ];
     if let Some((flag, _)) = redis_only.iter().find(|(_, set)| *set && !redis) {
         return Err(format!(

@@ -26,6 +26,8 @@ pub struct RedisSettings {
     pub key_prefix: String,
     /// The lease TTL.
     pub lease_ttl: Duration,
+    /// Handled message ids each chat remembers at least.
+    pub dedup_ids: usize,
 }
 
 impl RedisSettings {
@@ -50,6 +52,7 @@ impl RedisSettings {
             service: o.sentinel_service.clone(),
             key_prefix,
             lease_ttl: o.lease_ttl.unwrap_or(botmesh::DEFAULT_LEASE_TTL),
+            dedup_ids: o.dedup_ids.unwrap_or(botmesh::DEFAULT_DEDUP_IDS),
         })
     }
 }
@@ -89,7 +92,8 @@ pub fn connect(settings: &RedisSettings) -> Result<Arc<dyn Coordinator>, String>
     };
     let options = base
         .with_key_prefix(settings.key_prefix.as_str())
-        .with_lease_ttl(settings.lease_ttl);
+        .with_lease_ttl(settings.lease_ttl)
+        .with_dedup_ids(settings.dedup_ids);
     // A replica may start while the server restarts or loads its data (a fault run):
     // keep trying for a while, as a supervisor restarting the process would.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);

@@ -399,6 +399,7 @@ pub fn replay(o: &Options, settings: &RedisSettings) -> Result<Summary, String> 
             redelivered_ended_twice: f.counts.redelivered_ended_twice,
             recovered: f.counts.recovered,
             silent_losses: f.silent.len() as u64,
+            cost: None,
         }),
         ..Summary::base(o, &f.trace, total, f.wall, f.counts.handled, &f.waits)
     })

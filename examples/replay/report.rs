@@ -484,6 +484,9 @@ pub struct RedisFacts {
     /// Updates that never ended, or ended only as `duplicate` with no `handled` line
     /// anywhere.
     pub silent_losses: u64,
+    /// With `--redis-stats`: what the run cost the server, as summary lines and as the
+    /// JSON record's `extra.redis_stats`.
+    pub cost: Option<(String, serde_json::Value)>,
 }
 
 impl Summary {
@@ -591,6 +594,9 @@ impl Summary {
                 ));
             }
         }
+        if let Some((lines, _)) = self.redis.as_ref().and_then(|r| r.cost.as_ref()) {
+            s.push_str(lines);
+        }
         if !self.notes.is_empty() {
             s.push_str(&format!("  note         {}\n", self.notes));
         }
@@ -664,6 +670,11 @@ impl Summary {
                 redelivery_retries: processes.map(|r| r.redelivery_retries),
                 recovered: processes.map(|r| r.recovered),
                 silent_losses: processes.map(|r| r.silent_losses),
+                redis_stats: self
+                    .redis
+                    .as_ref()
+                    .and_then(|r| r.cost.as_ref())
+                    .map(|c| &c.1),
             },
         };
         serde_json::to_string(&record)
@@ -734,6 +745,8 @@ struct Extra<'a> {
     recovered: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     silent_losses: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    redis_stats: Option<&'a serde_json::Value>,
 }
 
 #[derive(Serialize)]

@@ -76,6 +76,8 @@ struct FileMemory {
     #[serde(alias = "dedup_window_ms", alias = "dedupWindow")]
     #[serde(alias = "dedup_window")]
     dedup_window_ms: FileDuration<Any>,
+    #[serde(alias = "dedup_ids", deserialize_with = "super::count::dedup_ids")]
+    dedup_ids: Option<usize>,
 }
 
 const MEMORY: Shape = Shape {
@@ -94,6 +96,7 @@ impl<'de> Deserialize<'de> for MemoryOptions {
         Ok(MemoryOptions {
             lease_ttl: file.lease_ttl_ms.or(defaults.lease_ttl),
             dedup_window: file.dedup_window_ms.or(defaults.dedup_window),
+            dedup_ids: file.dedup_ids.unwrap_or(defaults.dedup_ids),
         })
     }
 }

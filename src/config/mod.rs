@@ -2,11 +2,12 @@
 //!
 //! Parts, from the bottom: `error` ([`ConfigError`]), `value` (a value as written,
 //! for messages), `strict` (the strict map reader that names each field as spelled),
-//! `duration` (the one duration type), `redis` (Redis options in files), `settings`
+//! `duration` (the one duration type), `count` (the one count, `dedupIds`), `redis` (Redis options in files), `settings`
 //! (the public types, defaults and checks), `choice` (modes and policies in files),
 //! `file` (the file form, derived, and its conversion).
 
 mod choice;
+mod count;
 mod duration;
 mod error;
 mod file;

@@ -24,6 +24,12 @@ struct FileRedis {
     #[serde(default, alias = "dedup_window_ms", alias = "dedupWindow")]
     #[serde(alias = "dedup_window")]
     dedup_window_ms: FileDuration<Any>,
+    #[serde(
+        default,
+        alias = "dedup_ids",
+        deserialize_with = "super::count::dedup_ids"
+    )]
+    dedup_ids: Option<usize>,
     #[serde(default, alias = "command_timeout_ms", alias = "commandTimeout")]
     #[serde(alias = "command_timeout")]
     command_timeout_ms: FileDuration<CommandTimeout>,
@@ -143,6 +149,7 @@ impl<'de> Deserialize<'de> for RedisOptions {
         let ttl = file.lease_ttl_ms.or(options.lease_ttl);
         options = options.with_lease_ttl(ttl);
         options.dedup_window = file.dedup_window_ms.or(options.dedup_window);
+        options.dedup_ids = file.dedup_ids.unwrap_or(options.dedup_ids);
         options.command_timeout = file.command_timeout_ms.or(options.command_timeout);
         Ok(options)
     }
@@ -242,6 +249,8 @@ pub(super) fn validate(o: &RedisOptions, prefix: &str) -> Result<(), ConfigError
     check_key_prefix(&format!("{prefix}keyPrefix"), &o.key_prefix).map_err(ConfigError::new)?;
     check_set::<LeaseTtl>(&format!("{prefix}leaseTtlMs"), o.lease_ttl)?;
     check_set::<Any>(&format!("{prefix}dedupWindowMs"), o.dedup_window)?;
+    crate::coordinator::check_dedup_ids(&format!("{prefix}dedupIds"), o.dedup_ids)
+        .map_err(ConfigError::new)?;
     check_set::<CommandTimeout>(&format!("{prefix}commandTimeoutMs"), o.command_timeout)?;
     crate::redis::check_timeout_fits_lease(o).map_err(|e| ConfigError::new(format!("{prefix}{e}")))
 }

@@ -144,6 +144,8 @@ pub enum CoordinatorConfig {
     /// - `leaseTtlMs` (at least 10 ms, default 10 s), `dedupWindowMs` (zero turns
     ///   duplicate suppression off, default 10 min) and `commandTimeoutMs` (connect, read
     ///   and write timeout of every Redis call, at least 1 ms, default 2 s).
+    /// - `dedupIds`: handled message ids each chat remembers at least (1 to 10,000,
+    ///   default 64; see [`MemoryOptions::dedup_ids`]).
     ///
     /// Loading does not connect; [`build`](Self::build) (and so starting a bot) does.
     /// A format crate may quote the source around an error (`toml::de::Error`'s
@@ -168,6 +170,13 @@ pub struct MemoryOptions {
     /// message is not handled again. Zero turns duplicate suppression off. Default 10
     /// minutes (`dedupWindowMs`).
     pub dedup_window: Duration,
+    /// How many handled message ids each chat remembers at least (`dedupIds`, 1 to
+    /// [`MAX_DEDUP_IDS`](crate::MAX_DEDUP_IDS), default
+    /// [`DEFAULT_DEDUP_IDS`](crate::DEFAULT_DEDUP_IDS), 64): a chat keeps its newest
+    /// `dedup_ids` to 1.5 × `dedup_ids` handled ids; an older one is still suppressed
+    /// when ids are numbers that rise per chat (Telegram's `message_id`), and may run
+    /// again otherwise (see the README's *Duplicates*).
+    pub dedup_ids: usize,
 }
 
 /// Which replicas connect a provider's transport (`providerSession`).
@@ -440,7 +449,8 @@ impl CoordinatorConfig {
         }
         match self {
             CoordinatorConfig::Memory(options) => Ok(Arc::new(
-                crate::MemoryCoordinator::with_settings(options.lease_ttl, options.dedup_window),
+                crate::MemoryCoordinator::with_settings(options.lease_ttl, options.dedup_window)
+                    .with_dedup_ids(options.dedup_ids),
             )),
             #[cfg(feature = "redis")]
             CoordinatorConfig::Redis(options) => Ok(Arc::new(
@@ -523,18 +533,28 @@ impl MemoryOptions {
         self
     }
 
+    /// Sets [`dedup_ids`](Self::dedup_ids); checked by [`validate`](Self::validate).
+    #[must_use]
+    pub fn with_dedup_ids(mut self, dedup_ids: usize) -> Self {
+        self.dedup_ids = dedup_ids;
+        self
+    }
+
     /// Checks the options.
     ///
     /// # Errors
-    /// A [`ConfigError`] when `leaseTtlMs` is under [`Self::MIN_LEASE_TTL`] or either
-    /// duration is over [`CoordinationConfig::MAX_DURATION`].
+    /// A [`ConfigError`] when `leaseTtlMs` is under [`Self::MIN_LEASE_TTL`], either
+    /// duration is over [`CoordinationConfig::MAX_DURATION`], or `dedupIds` is 0 or
+    /// over [`MAX_DEDUP_IDS`](crate::MAX_DEDUP_IDS).
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_as("")
     }
 
     fn validate_as(&self, prefix: &str) -> Result<(), ConfigError> {
         duration::check_set::<LeaseTtl>(&format!("{prefix}leaseTtlMs"), self.lease_ttl)?;
-        duration::check_set::<Any>(&format!("{prefix}dedupWindowMs"), self.dedup_window)
+        duration::check_set::<Any>(&format!("{prefix}dedupWindowMs"), self.dedup_window)?;
+        crate::coordinator::check_dedup_ids(&format!("{prefix}dedupIds"), self.dedup_ids)
+            .map_err(ConfigError::new)
     }
 }
 
@@ -544,6 +564,7 @@ impl Default for MemoryOptions {
         MemoryOptions {
             lease_ttl: Self::DEFAULT_LEASE_TTL,
             dedup_window: Self::DEFAULT_DEDUP_WINDOW,
+            dedup_ids: crate::coordinator::DEFAULT_DEDUP_IDS,
         }
     }
 }

@@ -21,11 +21,13 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::clock::Clock;
 use crate::coordinator::{
-    BackendError, ChatView, Coordinator, DEFAULT_DEDUP_WINDOW, DEFAULT_LEASE_TTL, EnqueueRequest,
-    Enqueued, Grant, GrantSink, HISTORY, HeldLease, LeaderView, LeaseName, MeshView, Released,
-    Renewal, ReplicaId, Token, Waiting, lease_name, stored_name,
+    BackendError, ChatView, Coordinator, DEFAULT_DEDUP_IDS, DEFAULT_DEDUP_WINDOW,
+    DEFAULT_LEASE_TTL, EnqueueRequest, Enqueued, Grant, GrantSink, HISTORY, HeldLease, LeaderView,
+    LeaseName, MAX_DEDUP_IDS, MeshView, Released, Renewal, ReplicaId, Token, Waiting, lease_name,
+    stored_name,
 };
 
+mod dedup;
 mod table;
 
 use table::{Env, FOREVER, Pushes, Shard};
@@ -53,6 +55,8 @@ pub struct MemoryCoordinator {
     ttl: Duration,
     /// Duplicate-suppression window; zero turns it off.
     dedup_window: Duration,
+    /// Handled message ids each chat remembers at least (see [`DEFAULT_DEDUP_IDS`]).
+    dedup_ids: usize,
     /// How long an idle chat's last holder is remembered.
     history: Duration,
     /// Where "now" comes from: real, or fake in tests.
@@ -88,6 +92,7 @@ impl std::fmt::Debug for MemoryCoordinator {
         f.debug_struct("MemoryCoordinator")
             .field("lease_ttl", &self.ttl)
             .field("dedup_window", &self.dedup_window)
+            .field("dedup_ids", &self.dedup_ids)
             .finish_non_exhaustive()
     }
 }
@@ -113,6 +118,7 @@ impl MemoryCoordinator {
         MemoryCoordinator {
             ttl: lease_ttl.clamp(Duration::from_millis(1), FOREVER),
             dedup_window: dedup_window.min(FOREVER),
+            dedup_ids: DEFAULT_DEDUP_IDS,
             history: HISTORY,
             clock,
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
@@ -121,6 +127,18 @@ impl MemoryCoordinator {
             last_token: AtomicU64::new(0),
             base,
         }
+    }
+
+    /// Sets how many handled message ids each chat remembers at least (default
+    /// [`DEFAULT_DEDUP_IDS`], 64): a chat keeps its newest `n` to 1.5 × `n` handled ids,
+    /// and forgets older ones in batches; for numeric ids that rise per chat a floor
+    /// keeps suppressing the forgotten ones for the window (see the README's
+    /// *Duplicates*). Clamped to 1..=[`MAX_DEDUP_IDS`]; `CoordinationConfig` refuses
+    /// a value out of that range instead, naming `dedupIds`.
+    #[must_use]
+    pub fn with_dedup_ids(mut self, n: usize) -> Self {
+        self.dedup_ids = n.clamp(1, MAX_DEDUP_IDS);
+        self
     }
 
     /// The coordinator of a bot without coordination: leases never expire, so no
@@ -172,6 +190,7 @@ impl MemoryCoordinator {
             ttl: self.ttl,
             history: self.history,
             dedup_window: self.dedup_window,
+            dedup_ids: self.dedup_ids,
             alive_until: &alive_until,
             next_token: &next_token,
         };

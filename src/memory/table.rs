@@ -13,6 +13,8 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use super::dedup::{Claim, Dedup};
+
 use crate::coordinator::{
     CHECKPOINT_TTL, EnqueueRequest, Enqueued, Grant, HeldLease, Previous, Released, ReplicaId,
     Ticket, TicketState, Token, Waiting,
@@ -39,6 +41,8 @@ pub(crate) struct Env<'a> {
     pub(crate) history: Duration,
     /// The duplicate-suppression window; zero turns it off.
     pub(crate) dedup_window: Duration,
+    /// Handled message ids each chat remembers at least (the `dedup_ids` option).
+    pub(crate) dedup_ids: usize,
     /// Until when a replica is alive (its last renewal + TTL); `None` when it is not
     /// attached.
     pub(crate) alive_until: &'a dyn Fn(&ReplicaId) -> Option<Instant>,
@@ -57,10 +61,6 @@ impl Env<'_> {
 #[derive(Default)]
 pub(crate) struct Shard {
     chats: HashMap<String, ChatState>,
-    /// Message-id claims for duplicate suppression, by (chat, message id).
-    seen: HashMap<(String, String), Seen>,
-    /// Claims in the order they were made, so expired ones are purged from the front.
-    seen_order: VecDeque<(Instant, (String, String))>,
     /// Size of `chats` at which expired idle chats are swept next.
     sweep_at: usize,
     /// Conversation checkpoints by chat; kept apart from `chats` because they outlive
@@ -81,8 +81,11 @@ struct ChatState {
     queue: VecDeque<Queued>,
     /// Who held the chat last, for the next grant's `previous`.
     previous: Option<Previous>,
-    /// While idle: until when the state (the previous holder) is kept.
+    /// While idle: until when the previous holder is remembered.
     idle_until: Instant,
+    /// Duplicate suppression for the chat's message ids, bounded per chat; the chat's
+    /// entry is kept while it holds anything (`dedup.until`).
+    dedup: Dedup,
 }
 
 impl ChatState {
@@ -92,11 +95,25 @@ impl ChatState {
             queue: VecDeque::new(),
             previous: None,
             idle_until: now,
+            dedup: Dedup::new(now),
         }
     }
 
     fn is_idle(&self) -> bool {
         self.holder.is_none() && self.queue.is_empty()
+    }
+
+    /// Whether `ticket` still holds the chat or waits in it, alive.
+    fn ticket_alive(&self, env: &Env<'_>, ticket: &Ticket) -> bool {
+        if let Some(h) = &self.holder
+            && &h.ticket == ticket
+        {
+            return h.lease_until >= env.now;
+        }
+        self.queue
+            .iter()
+            .any(|q| &q.ticket == ticket && q.deadline >= env.now)
+            && env.alive(&ticket.replica)
     }
 }
 
@@ -110,12 +127,6 @@ struct Holder {
 struct Queued {
     ticket: Ticket,
     deadline: Instant,
-}
-
-struct Seen {
-    expires: Instant,
-    /// `Some(ticket)` while the claiming ticket has not been handled; `None` once done.
-    claimed_by: Option<Ticket>,
 }
 
 fn grant_of(holder: &Holder) -> Grant {
@@ -223,21 +234,6 @@ impl Shard {
         self.chats.values().filter(|c| !c.is_idle()).count()
     }
 
-    fn ticket_alive(&self, env: &Env<'_>, chat: &str, ticket: &Ticket) -> bool {
-        let Some(chat) = self.chats.get(chat) else {
-            return false;
-        };
-        if let Some(h) = &chat.holder
-            && &h.ticket == ticket
-        {
-            return h.lease_until >= env.now;
-        }
-        chat.queue
-            .iter()
-            .any(|q| &q.ticket == ticket && q.deadline >= env.now)
-            && env.alive(&ticket.replica)
-    }
-
     /// A chat nobody holds or waits for keeps only who held it last, until `history`
     /// has passed (like a Redis key with a TTL), so the next grant can still name the
     /// previous holder. Its state stays in the map meanwhile, so a busy chat going idle
@@ -253,21 +249,8 @@ impl Shard {
         if self.chats.len() >= self.sweep_at {
             let now = env.now;
             self.chats
-                .retain(|_, c| !c.is_idle() || c.idle_until >= now);
+                .retain(|_, c| !c.is_idle() || c.idle_until >= now || c.dedup.until >= now);
             self.sweep_at = (self.chats.len() * 2).max(1024);
-        }
-    }
-
-    fn purge_seen(&mut self, now: Instant) {
-        while let Some((expires, _)) = self.seen_order.front() {
-            if *expires >= now {
-                break;
-            }
-            if let Some((_, key)) = self.seen_order.pop_front()
-                && self.seen.get(&key).is_some_and(|s| s.expires < now)
-            {
-                self.seen.remove(&key);
-            }
         }
     }
 
@@ -289,39 +272,6 @@ impl Shard {
                 return Enqueued::Queued;
             }
         }
-        if let Some(id) = req.message_id.filter(|_| !env.dedup_window.is_zero()) {
-            self.purge_seen(now);
-            let key = (req.chat.to_owned(), id.to_owned());
-            match self.seen.get(&key) {
-                Some(s) if s.expires < now => {}
-                Some(Seen {
-                    claimed_by: None, ..
-                }) => return Enqueued::Duplicate,
-                Some(Seen {
-                    claimed_by: Some(t),
-                    ..
-                }) if t != req.ticket && self.ticket_alive(env, req.chat, t) => {
-                    return Enqueued::InFlight;
-                }
-                _ => {}
-            }
-            // The claim outlives the message's wait and one lease more (see the Redis
-            // backend's enqueue): expired under a waiting message, a redelivery would
-            // run it a second time.
-            let expires = now
-                + env
-                    .dedup_window
-                    .max(req.wait.saturating_add(env.ttl))
-                    .min(FOREVER);
-            self.seen.insert(
-                key.clone(),
-                Seen {
-                    expires,
-                    claimed_by: Some(req.ticket.clone()),
-                },
-            );
-            self.seen_order.push_back((expires, key));
-        }
         let chat = match self.chats.get_mut(req.chat) {
             Some(chat) => chat,
             None => self
@@ -329,6 +279,25 @@ impl Shard {
                 .entry(req.chat.to_owned())
                 .or_insert_with(|| ChatState::new(now)),
         };
+        if let Some(id) = req.message_id.filter(|_| !env.dedup_window.is_zero()) {
+            // The claim outlives the message's wait and one lease more (see the Redis
+            // backend's enqueue): expired under a waiting message, a redelivery would
+            // run it a second time.
+            let claim_for = env
+                .dedup_window
+                .max(req.wait.saturating_add(env.ttl))
+                .min(FOREVER);
+            let mut dedup = std::mem::replace(&mut chat.dedup, Dedup::new(now));
+            let answer = dedup.claim(now, claim_for, id, req.ticket, |t| {
+                chat.ticket_alive(env, t)
+            });
+            chat.dedup = dedup;
+            match answer {
+                Claim::Duplicate => return Enqueued::Duplicate,
+                Claim::InFlight => return Enqueued::InFlight,
+                Claim::Claimed => {}
+            }
+        }
         if chat.is_idle() && chat.idle_until < now {
             // Idle past its history: forget the previous holder, as Redis would.
             chat.previous = None;
@@ -380,16 +349,10 @@ impl Shard {
         }
         if result.is_none()
             && let Some(id) = w.message_id
+            && let Some(chat) = self.chats.get_mut(w.chat)
         {
             // A message that timed out may be delivered again and then handled.
-            let key = (w.chat.to_owned(), id.to_owned());
-            if self
-                .seen
-                .get(&key)
-                .is_some_and(|s| s.claimed_by.as_ref() == Some(w.ticket))
-            {
-                self.seen.remove(&key);
-            }
+            chat.dedup.give_up(id, w.ticket);
         }
         self.drop_if_idle(env, w.chat);
         result
@@ -423,11 +386,9 @@ impl Shard {
                 }
                 None => None,
             };
-            if let Some(id) = handled
-                && let Some(s) = self.seen.get_mut(&(lease.chat.to_owned(), id.to_owned()))
-                && s.claimed_by.as_ref() == Some(lease.ticket)
-            {
-                s.claimed_by = None;
+            if let Some(id) = handled {
+                chat.dedup
+                    .handled(env.now, env.dedup_window, env.dedup_ids, id, lease.ticket);
             }
             Released::Released { next }
         } else {

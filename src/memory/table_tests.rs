@@ -54,6 +54,7 @@ impl Fixture {
             ttl: TTL,
             history: Duration::from_secs(3600),
             dedup_window: DEDUP,
+            dedup_ids: crate::DEFAULT_DEDUP_IDS,
             alive_until: &alive,
             next_token: &next,
         };

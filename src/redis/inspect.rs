@@ -1,7 +1,6 @@
-//! Read-only inspection for operators: plain reads (`GET`, `PTTL`, `LLEN`), `SCAN`
-//! with `COUNT` over the key prefix (on every primary of a cluster), and `PUBSUB
-//! CHANNELS` for the live replicas (on every node: a subscriber shows only on its
-//! own). No script runs, so nothing is taken, extended, broken or moved on.
+//! Read-only inspection for operators: plain reads (`HMGET`, `LLEN`, `TIME`), `SCAN`
+//! with `COUNT` over the key prefix, and `PUBSUB CHANNELS` for the live replicas. No
+//! script runs, so nothing is taken, extended, broken or moved on.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -12,8 +11,8 @@ use redis::{Cmd, FromRedisValue, Value};
 use super::keys::{ChatKeys, parse_ticket};
 use super::target::Target;
 use crate::coordinator::{
-    BackendError, ChatView, HolderView, LeaderView, LeaseName, MeshView, Previous, ReplicaId,
-    lease_name, stored_name,
+    BackendError, ChatView, HISTORY, HolderView, LeaderView, LeaseName, MeshView, Previous,
+    ReplicaId, lease_name, stored_name,
 };
 
 /// Keys `SCAN` looks at per call: enough to move fast, small enough that one call
@@ -60,46 +59,57 @@ fn chat_of(prefix: &str, key: &str, want: &str) -> Option<String> {
     Some(out)
 }
 
-/// What the reads of one chat answered.
+/// What the reads of one chat answered: fields `h` ("token,lease end µs,queue
+/// length,marks,ticket": the holder, or once free the last holder) and `p` ("token,replica"
+/// of the previous holder) of its state hash, its queue length, and the server's time
+/// (µs).
 struct Read {
-    holder: Option<String>,
-    pttl: i64,
+    fields: [Option<String>; 2],
     queued: usize,
-    last: Option<String>,
+    now_us: u64,
 }
 
 fn view_of(chat: &str, r: Read) -> ChatView {
-    let fields: Vec<&str> = r
-        .holder
+    let [h, p] = r.fields;
+    let mut parts = h.as_deref().unwrap_or("").splitn(5, ',');
+    let (k, u) = (parts.next(), parts.next());
+    let t = parts.nth(2);
+    let (pk, pr) = p
         .as_deref()
-        .map(|h| h.split('\0').collect())
-        .unwrap_or_default();
-    let holder = match fields.as_slice() {
-        [t, k, ..] if r.pttl > 0 => {
-            parse_ticket(t)
-                .zip(k.parse().ok())
-                .map(|(ticket, token)| HolderView {
-                    ticket,
-                    token,
-                    lease_left: Duration::from_millis(r.pttl.unsigned_abs()),
-                })
-        }
+        .and_then(|p| p.split_once(','))
+        .map_or((None, None), |(k, r)| (Some(k), Some(r)));
+    let ticket = t.and_then(parse_ticket);
+    let token: Option<u64> = k.and_then(|k| k.parse().ok());
+    let until: u64 = u.and_then(|u| u.parse().ok()).unwrap_or(0);
+    let holder = match (&ticket, token) {
+        (Some(ticket), Some(token)) if until >= r.now_us => Some(HolderView {
+            ticket: ticket.clone(),
+            token,
+            lease_left: Duration::from_micros(until - r.now_us),
+        }),
         _ => None,
     };
-    let previous = match (&holder, fields.as_slice()) {
-        (Some(_), [_, _, pr, pk, ..]) if !pr.is_empty() => pk.parse().ok().map(|token| Previous {
-            replica: Arc::from(*pr),
-            token,
-        }),
-        (Some(_), _) => None,
-        // Free: the last holder, from `l` (token NUL replica).
-        (None, _) => r.last.as_deref().and_then(|l| {
-            let (k, replica) = l.split_once('\0')?;
-            Some(Previous {
+    let previous = match &holder {
+        Some(_) => match (pr, pk.and_then(|k| k.parse().ok())) {
+            (Some(replica), Some(token)) if !replica.is_empty() => Some(Previous {
                 replica: Arc::from(replica),
-                token: k.parse().ok()?,
-            })
-        }),
+                token,
+            }),
+            _ => None,
+        },
+        // Free: the last holder, while the backend remembers it (a token is its
+        // grant's time in µs, or just above).
+        None => match (&ticket, token) {
+            (Some(ticket), Some(token))
+                if r.now_us.saturating_sub(token) <= HISTORY.as_micros() as u64 =>
+            {
+                Some(Previous {
+                    replica: ticket.replica.clone(),
+                    token,
+                })
+            }
+            _ => None,
+        },
     };
     ChatView {
         chat: chat.to_owned(),
@@ -109,13 +119,14 @@ fn view_of(chat: &str, r: Read) -> ChatView {
     }
 }
 
-/// What an inspection needs from the coordinator: its prefixes and its servers.
+/// What an inspection needs from the coordinator: its prefixes and a connection.
 pub(super) trait Reads {
     /// The key prefix.
     fn prefix(&self) -> &str;
     /// The prefix of the replicas' wake channels.
     fn wake_prefix(&self) -> String;
-    /// Where commands go.
+    /// Runs `f` on a pooled connection (with the coordinator's retry).
+    /// Where commands go (one server, or every node of a cluster).
     fn target(&self) -> &Target;
 }
 
@@ -123,36 +134,46 @@ fn typed<T: FromRedisValue>(v: Value) -> Result<T, BackendError> {
     redis::from_redis_value(v).map_err(|e| BackendError::new(format!("unexpected reply: {e}")))
 }
 
-/// Reads the given stored chats in one pipeline per node (4 reads each).
+/// Reads the given stored chats in one pipeline (2 reads each, and the time).
 fn read_chats(r: &impl Reads, stored: &[String]) -> Result<Vec<Read>, BackendError> {
     if stored.is_empty() {
         return Ok(Vec::new());
     }
-    let mut cmds: Vec<(u16, Cmd)> = Vec::with_capacity(stored.len() * 4);
+    // Per chat, on its own node (one pipeline per node): that node's time, the state's
+    // holder fields and the queue's length.
+    let mut cmds: Vec<(u16, Cmd)> = Vec::with_capacity(stored.len() * 3);
     for name in stored {
         let keys = ChatKeys::new(r.prefix(), name);
         let slot = keys.slot();
-        cmds.push((slot, redis::cmd("GET").arg(keys.key("h")).clone()));
-        cmds.push((slot, redis::cmd("PTTL").arg(keys.key("h")).clone()));
+        cmds.push((slot, redis::cmd("TIME")));
+        cmds.push((
+            slot,
+            redis::cmd("HMGET")
+                .arg(keys.key("s"))
+                .arg(&["h", "p"])
+                .clone(),
+        ));
         cmds.push((slot, redis::cmd("LLEN").arg(keys.key("q")).clone()));
-        cmds.push((slot, redis::cmd("GET").arg(keys.key("l")).clone()));
     }
-    type Row = (Option<String>, i64, usize, Option<String>);
     let refs: Vec<(u16, &Cmd)> = cmds.iter().map(|(s, c)| (*s, c)).collect();
     let replies = r
         .target()
         .run(&refs)
         .into_iter()
         .collect::<Result<Vec<Value>, BackendError>>()?;
-    let mut out = Vec::with_capacity(stored.len());
     let mut it = replies.into_iter();
-    while let (Some(h), Some(p), Some(q), Some(l)) = (it.next(), it.next(), it.next(), it.next()) {
-        let row: Row = (typed(h)?, typed(p)?, typed(q)?, typed(l)?);
+    let mut out = Vec::with_capacity(stored.len());
+    while let (Some(t), Some(h), Some(q)) = (it.next(), it.next(), it.next()) {
+        let (secs, micros): (u64, u64) = typed(t)?;
+        let now_us = secs * 1_000_000 + micros;
+        let fields: Vec<Option<String>> = typed(h)?;
+        let fields: [Option<String>; 2] = fields
+            .try_into()
+            .map_err(|_| BackendError::new("short HMGET reply from Redis"))?;
         out.push(Read {
-            holder: row.0,
-            pttl: row.1,
-            queued: row.2,
-            last: row.3,
+            fields,
+            queued: typed(q)?,
+            now_us,
         });
     }
     Ok(out)
@@ -174,9 +195,8 @@ fn scan_chats(
     found: &mut BTreeSet<String>,
 ) -> Result<bool, BackendError> {
     let prefix = r.prefix();
-    let nodes = r.target().primaries();
     let mut calls = 0;
-    for node in &nodes {
+    for node in r.target().primaries() {
         let mut cursor: u64 = 0;
         loop {
             if calls == SCAN_CALLS {
@@ -186,7 +206,7 @@ fn scan_chats(
             // Raw bytes: a key under the prefix that is not UTF-8 (not botmesh's) is
             // skipped rather than failing the whole view.
             let (next, keys): (u64, Vec<Vec<u8>>) =
-                typed(r.target().on_node(node, &mut |con| {
+                typed(r.target().on_node(&node, &mut |con| {
                     redis::cmd("SCAN")
                         .arg(cursor)
                         .arg("MATCH")
@@ -226,8 +246,8 @@ pub(super) fn inspect(r: &impl Reads, limit: usize) -> Result<MeshView, BackendE
     let mut names = BTreeSet::new();
     let truncated = scan_chats(
         r,
-        &format!("{p}:{{*}}:[hq]"),
-        &[":h", ":q"],
+        &format!("{p}:{{*}}:[sq]"),
+        &[":s", ":q"],
         limit,
         &mut names,
     )?;
@@ -235,8 +255,8 @@ pub(super) fn inspect(r: &impl Reads, limit: usize) -> Result<MeshView, BackendE
     let mut leaders = BTreeSet::new();
     let leaders_cut = scan_chats(
         r,
-        &format!("{p}:{{\0provider:*}}:[hq]"),
-        &[":h", ":q"],
+        &format!("{p}:{{\0provider:*}}:[sq]"),
+        &[":s", ":q"],
         limit,
         &mut leaders,
     )?;
@@ -270,6 +290,7 @@ pub(super) fn inspect(r: &impl Reads, limit: usize) -> Result<MeshView, BackendE
     }
     let wake = r.wake_prefix();
     let pattern = format!("{}*", glob_escape(&wake));
+    // A subscriber shows only on the node it is connected to: ask every node.
     let mut channels: BTreeSet<String> = BTreeSet::new();
     for node in r.target().all_nodes() {
         let here: Vec<String> = typed(r.target().on_node(&node, &mut |con| {
@@ -300,8 +321,8 @@ mod tests {
             let key = ChatKeys::new("p*", chat).key("h");
             assert_eq!(chat_of("p*", &key, ":h").as_deref(), Some(chat), "{key}");
         }
-        let claim = ChatKeys::new("p", "c").claim("x}:h");
-        assert_eq!(chat_of("p", &claim, ":h"), None);
+        let other = ChatKeys::new("p", "c").key("x}:s");
+        assert_eq!(chat_of("p", &other, ":s"), None);
         assert_eq!(glob_escape("a*b[c]"), "a\\*b\\[c\\]");
     }
 }

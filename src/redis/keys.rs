@@ -35,10 +35,6 @@ impl ChatKeys {
     pub(super) fn key(&self, suffix: &str) -> String {
         format!("{}:{suffix}", self.base)
     }
-
-    pub(super) fn claim(&self, message_id: &str) -> String {
-        format!("{}:m:{message_id}", self.base)
-    }
 }
 
 pub(super) fn ticket_str(t: &Ticket) -> String {

@@ -1,80 +1,18 @@
 //! `RedisCoordinator`: turns shared by replicas in many processes and machines.
-//!
-//! # Protocol
-//!
-//! Each chat has up to five keys, all with the hash tag `{<chat>}` so that every script
-//! touches one Redis Cluster slot (`%`, `{` and `}` in chat ids are percent-encoded, so
-//! any UTF-8 id is safe and no two ids share keys). With prefix `P`:
-//!
-//! | key | type | holds | expiry |
-//! | --- | --- | --- | --- |
-//! | `P:{c}:h` | string | the holder: ticket, token, previous replica and token, NUL-separated | the lease TTL |
-//! | `P:{c}:q` | list | tickets in arrival order (FIFO) | 3 × TTL, extended by waiters, never shortened (a short-TTL replica must not cut a long-TTL waiter's queue) |
-//! | `P:{c}:w` | hash | replica → alive-until (µs, server clock) of its tickets here, refreshed every renewal | 3 × TTL, extended, never shortened |
-//! | `P:{c}:l` | string | the last grant's token and replica, NUL-separated | 1 h |
-//! | `P:{c}:m:<id>` | string | the ticket that claimed message `<id>`, or `!` once handled | the dedup window |
-//!
-//! A ticket is `<seq>:<replica>`. Five Lua scripts, loaded once and called by SHA
-//! (reloaded on `NOSCRIPT`, also inside pipelines), do all changes atomically:
-//!
-//! - `enqueue` (one round trip): duplicate check and claim (`duplicate` once handled,
-//!   `inflight` while a live ticket holds the claim unhandled); a free chat with an empty
-//!   queue is granted at once (about eight `redis.call`s), otherwise the ticket is
-//!   queued with `RPUSH`. Idempotent per ticket, so a retry after a lost
-//!   reply neither queues a ticket twice nor hands out a second token.
-//! - `release` (one round trip): if the holder is still this ticket and token, delete
-//!   it and hand the chat to the first live ticket in the queue; otherwise answer
-//!   `lost`. The grant is published to the new holder's replica on
-//!   `P:{wake}:<replica>` (unless it is the caller's own, which gets it in the reply).
-//! - `renew` and `check`: the renewal tick sends one pipeline (one round trip) with a
-//!   `renew` per held lease (`PEXPIRE` if still ours) and a `check` per chat the
-//!   replica waits on, for its earliest ticket there (refresh the liveness of all its
-//!   tickets in the chat, replace an expired holder, report granted / waiting /
-//!   lapsed (skipped because the replica's liveness lapsed: reported `lost`, never
-//!   re-queued, which would break the chat's order) / gone (no trace: lost with the
-//!   data, re-queued)).
-//!   A backlog of queued messages therefore adds nothing to a tick.
-//! - `cancel`: take a ticket whose wait ran out out of the queue (or report that it was
-//!   granted meanwhile) and give up its message claim.
-//!
-//! Fencing tokens are `max(last + 1, server time in µs)`. Tokens never run ahead of the
-//! clock (a grant takes far more than a microsecond), so they keep increasing after
-//! `P:{c}:l` expired, after Redis lost its data, and after Redis came back from an
-//! older snapshot or a lagging replica, as long as the Redis server's clock does not
-//! step back (a failover to a
-//! server whose clock is behind by more than the chat's idle time could break that;
-//! keep clocks synchronised).
-//!
-//! Tickets whose replica stopped renewing lapse (its alive-until passes) and are skipped
-//! at hand-over; a grant's lease runs to the grantee's alive-until (set from the
-//! grantee's own TTL, so replicas with different TTLs each get leases they can renew),
-//! so a crashed replica costs the others at most about one TTL in all.
-//!
-//! Each replica has one subscriber thread on its wake channel; a lost wake-up (killed
-//! connection, Redis restart) is covered by the `check` in the next renewal tick.
-//! Connections are pooled per server and reused; every call goes through one routing
-//! layer (`target.rs`), which retries a broken connection on a fresh one and handles
-//! redirections and failovers within the command timeout. All scripts are safe to
-//! repeat: a repeated `release`
-//! of a handled message recognises its own first run by the claim (`!` and the
-//! ticket); one without a message id may still answer `lost` for a release that had
-//! in fact succeeded.
-//!
-//! Round trips per message: 2 when the chat is free (enqueue, release), plus the pub/sub
-//! push when it has to wait. Renewal: 1 per tick per replica, whatever it holds (in
-//! a cluster, one pipeline per node, all sent before any reply is read).
+#![doc = include_str!("protocol.md")]
 //!
 //! # Redis Cluster, Sentinel, TLS
 //!
-//! - **Cluster** ([`RedisOptions::cluster`]): every script's keys are one chat's
-//!   (`h q w l` and the claim `m:<id>`, or `h c` for a checkpoint), all under the
-//!   chat's hash tag, so each call goes to the primary of the chat's slot, read from
-//!   `CLUSTER SLOTS`. The scripts are loaded on every primary at connect and again on
-//!   a node that answers `NOSCRIPT` (a promoted replica has none: scripts are not
-//!   replicated). Routing and retries: see `target.rs`; wake-ups: `subscriber.rs`
-//!   (a plain `PUBLISH` reaches a subscriber on any node). A renewal that reaches some
-//!   nodes and not others reports the unreachable nodes' leases lost and keeps the
-//!   rest; when no node answers it fails as a whole, as with one server.
+//! - **Cluster** ([`RedisOptions::cluster`]): every function's keys are one chat's
+//!   (the state hash `s` and the queue `q`, or `s` and the checkpoint `c`), all under
+//!   the chat's hash tag, so each call goes to the primary of the chat's slot, read
+//!   from `CLUSTER SLOTS`. The function library is loaded on every primary at connect
+//!   and again on a node that answers that it lacks it (`FUNCTION LOAD` is
+//!   replicated, but a node that joined later may not have it). Routing and retries:
+//!   see `target.rs`; wake-ups: `subscriber.rs` (a plain `PUBLISH` reaches a
+//!   subscriber on any node). A renewal that reaches some nodes and not others
+//!   reports the unreachable nodes' leases lost and keeps the rest; when no node
+//!   answers it fails as a whole, as with one server.
 //! - **Sentinel** ([`RedisOptions::sentinel`]): one server whose address the
 //!   sentinels give, asked again after a broken connection or a `READONLY` answer
 //!   (the old primary demoted), so a failover is followed: waiters re-queue through
@@ -97,7 +35,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use redis::{Cmd, Script, Value};
+use redis::{Cmd, Value};
 
 use crate::coordinator::{
     BackendError, CHECKPOINT_TTL, ChatView, Coordinator, EnqueueRequest, Enqueued, Grant,
@@ -203,6 +141,8 @@ impl RedisCoordinator {
             }
         }
         check_timeout_fits_lease(&options).map_err(BackendError::new)?;
+        crate::coordinator::check_dedup_ids("dedup_ids", options.dedup_ids)
+            .map_err(BackendError::new)?;
         let scripts = Arc::new(Scripts::new());
         let loading = scripts.clone();
         let target = connect::target(
@@ -259,33 +199,37 @@ impl RedisCoordinator {
             .collect()
     }
 
-    /// A per-chat script call (`EVALSHA` of `script` over the chat's keys `h q w l`
-    /// and the message claim, if any) and the chat's hash slot: every script call
-    /// goes through [`Target::call`] or [`Target::run`] with one of these.
+    /// A per-chat function call (`FCALL` of `function` over the chat's keys `s`
+    /// and `q`, one hash slot) and the chat's hash slot: every script call goes
+    /// through [`Target::call`] or [`Target::run`] with one of these.
     fn chat_cmd(
         &self,
-        script: &Script,
+        function: &str,
         keys: &ChatKeys,
-        claim: Option<&str>,
+        message_id: Option<&str>,
         chat: &str,
         ticket: &str,
     ) -> (u16, Cmd) {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash())
-            .arg(if claim.is_some() { 5 } else { 4 })
-            .arg(keys.key("h"))
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(function)
+            .arg(2)
+            .arg(keys.key("s"))
             .arg(keys.key("q"))
-            .arg(keys.key("w"))
-            .arg(keys.key("l"));
-        if let Some(id) = claim {
-            cmd.arg(keys.claim(id));
-        }
-        cmd.arg(chat)
+            .arg(chat)
             .arg(ticket)
             .arg(self.ttl_ms)
             .arg(HISTORY.as_millis() as u64)
-            .arg(self.wake_prefix());
+            .arg(self.wake_prefix())
+            .arg(self.keep_ms())
+            .arg(message_id.filter(|_| self.dedup_on()).unwrap_or(""));
         (keys.slot(), cmd)
+    }
+
+    /// How long a chat's state outlives its last grant, ms: the history and the dedup
+    /// window both fit.
+    fn keep_ms(&self) -> u64 {
+        let keep = HISTORY.max(self.options.dedup_window);
+        u64::try_from(keep.as_millis()).unwrap_or(u64::MAX)
     }
 
     fn wake_prefix(&self) -> String {
@@ -415,8 +359,13 @@ impl Coordinator for RedisCoordinator {
     fn enqueue(&self, req: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError> {
         let keys = ChatKeys::new(&self.options.key_prefix, req.chat);
         let ticket = ticket_str(req.ticket);
-        let claim = req.message_id.filter(|_| self.dedup_on());
-        let (slot, mut cmd) = self.chat_cmd(&self.scripts.enqueue, &keys, claim, req.chat, &ticket);
+        let (slot, mut cmd) = self.chat_cmd(
+            &self.scripts.enqueue,
+            &keys,
+            req.message_id,
+            req.chat,
+            &ticket,
+        );
         // The claim outlives the message's wait (and one lease more), also under a
         // dedup window shorter than that: a claim that expired while its message still
         // waited would let a redelivery run the message a second time.
@@ -442,10 +391,10 @@ impl Coordinator for RedisCoordinator {
         data: Option<&str>,
     ) -> Result<bool, BackendError> {
         let keys = ChatKeys::new(&self.options.key_prefix, chat);
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.scripts.write_checkpoint.get_hash())
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&self.scripts.write_checkpoint)
             .arg(2)
-            .arg(keys.key("h"))
+            .arg(keys.key("s"))
             .arg(keys.key("c"))
             .arg(token)
             .arg(u64::try_from(CHECKPOINT_TTL.as_millis()).unwrap_or(u64::MAX));
@@ -478,8 +427,7 @@ impl Coordinator for RedisCoordinator {
     fn cancel(&self, w: &Waiting<'_>) -> Result<Option<Grant>, BackendError> {
         let keys = ChatKeys::new(&self.options.key_prefix, w.chat);
         let ticket = ticket_str(w.ticket);
-        let claim = w.message_id.filter(|_| self.dedup_on());
-        let (slot, cmd) = self.chat_cmd(&self.scripts.cancel, &keys, claim, w.chat, &ticket);
+        let (slot, cmd) = self.chat_cmd(&self.scripts.cancel, &keys, w.message_id, w.chat, &ticket);
         let reply = strings(self.target.call(slot, &cmd)?)?;
         match reply.first().map(String::as_str) {
             Some("granted") => Ok(Some(grant_from(&reply)?)),
@@ -495,11 +443,11 @@ impl Coordinator for RedisCoordinator {
     ) -> Result<Released, BackendError> {
         let keys = ChatKeys::new(&self.options.key_prefix, lease.chat);
         let ticket = ticket_str(lease.ticket);
-        let claim = handled.filter(|_| self.dedup_on());
         let (slot, mut cmd) =
-            self.chat_cmd(&self.scripts.release, &keys, claim, lease.chat, &ticket);
+            self.chat_cmd(&self.scripts.release, &keys, handled, lease.chat, &ticket);
         cmd.arg(lease.token.to_string())
-            .arg(lease.ticket.replica.as_ref());
+            .arg(lease.ticket.replica.as_ref())
+            .arg(self.options.dedup_ids);
         let reply = strings(self.target.call(slot, &cmd)?)?;
         match reply.first().map(String::as_str) {
             Some("released") if reply.len() >= 5 => Ok(Released::Released {
@@ -533,13 +481,14 @@ impl Coordinator for RedisCoordinator {
         let mut cmds: Vec<(u16, Cmd)> = Vec::with_capacity(held.len() + waiting.len());
         for lease in held {
             let keys = ChatKeys::new(&self.options.key_prefix, lease.chat);
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(self.scripts.renew.get_hash())
+            let mut cmd = redis::cmd("FCALL");
+            cmd.arg(&self.scripts.renew)
                 .arg(1)
-                .arg(keys.key("h"))
+                .arg(keys.key("s"))
                 .arg(ticket_str(lease.ticket))
                 .arg(lease.token.to_string())
-                .arg(self.ttl_ms);
+                .arg(self.ttl_ms)
+                .arg(self.keep_ms());
             cmds.push((keys.slot(), cmd));
         }
         for w in waiting {

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::coordinator::{DEFAULT_DEDUP_WINDOW, DEFAULT_LEASE_TTL};
+use crate::coordinator::{DEFAULT_DEDUP_IDS, DEFAULT_DEDUP_WINDOW, DEFAULT_LEASE_TTL};
 
 use super::url::read_env;
 
@@ -35,6 +35,12 @@ pub struct RedisOptions {
     pub lease_ttl: Duration,
     /// Duplicate-suppression window; zero turns it off. Default 10 min.
     pub dedup_window: Duration,
+    /// How many handled message ids each chat remembers at least (1 to
+    /// [`MAX_DEDUP_IDS`](crate::MAX_DEDUP_IDS), default
+    /// [`DEFAULT_DEDUP_IDS`], 64; `dedupIds` in files): a
+    /// chat's state hash keeps its newest `dedup_ids` to 1.5 × `dedup_ids` handled
+    /// ids. Replicas sharing a server may differ; each release applies its own.
+    pub dedup_ids: usize,
     /// Connect, read and write timeout of every Redis call. Default 2 s, or a third of
     /// the lease TTL when that is shorter (set through
     /// [`with_lease_ttl`](RedisOptions::with_lease_ttl)); must stay under half the
@@ -102,6 +108,7 @@ impl std::fmt::Debug for RedisOptions {
             .field("key_prefix", &self.key_prefix)
             .field("lease_ttl", &self.lease_ttl)
             .field("dedup_window", &self.dedup_window)
+            .field("dedup_ids", &self.dedup_ids)
             .field("command_timeout", &self.command_timeout)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .finish()
@@ -239,6 +246,7 @@ impl RedisOptions {
             key_prefix: "botmesh".into(),
             lease_ttl: DEFAULT_LEASE_TTL,
             dedup_window: DEFAULT_DEDUP_WINDOW,
+            dedup_ids: DEFAULT_DEDUP_IDS,
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             password: None,
         }
@@ -328,6 +336,13 @@ impl RedisOptions {
     /// Sets the duplicate-suppression window.
     pub fn with_dedup_window(mut self, window: Duration) -> Self {
         self.dedup_window = window;
+        self
+    }
+
+    /// Sets [`dedup_ids`](Self::dedup_ids), checked at
+    /// [`connect`](super::RedisCoordinator::connect).
+    pub fn with_dedup_ids(mut self, n: usize) -> Self {
+        self.dedup_ids = n;
         self
     }
 

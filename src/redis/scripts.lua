@@ -1,88 +1,184 @@
--- Shared prelude of botmesh's Redis scripts (prepended to each script in redis.rs).
--- Keys of one chat share the hash tag {<chat>} so that a script touches one slot:
---   h  holder:  STRING t NUL k NUL pr NUL pk (ticket, token, previous replica and
---               token); PX = the lease
---   q  queue:   LIST of tickets in arrival order
---   w  waiting: HASH replica -> alive-until (server time, us) of that replica's tickets
---               in this chat, refreshed by its renewals (one field per replica, so a
---               deep queue costs the renewal tick nothing more)
---   l  last:    STRING k NUL r (last token and replica); PX = history
---   m  claim:   STRING the message id's claimant ticket, or "!" and the ticket that
---               handled it (so a retried release after a lost reply is recognised)
--- A ticket is "<seq>:<replica>". Times are Redis TIME in microseconds. Every
--- redis.call costs about a microsecond, so the uncontended paths make few.
--- Redis Cluster rule: while a chat's slot is being migrated, the source node runs a
--- script only if every declared key is there (else TRYAGAIN or ASK, which the client
--- retries), and fails any call on a key that is missing, aborting the script midway
--- with its earlier writes kept. So a script never touches a key again after it
--- deleted or emptied it (release overwrites the holder instead of deleting it
--- first; settle pops the queue at most its length).
-local SEP = '\0'
-local function split(s)
-  local out, i = {}, 1
-  while true do
-    local j = string.find(s, SEP, i, true)
-    if not j then
-      out[#out + 1] = string.sub(s, i)
-      return out
-    end
-    out[#out + 1] = string.sub(s, i, j - 1)
-    i = j + 1
-  end
-end
+-- Shared prelude of botmesh's per-chat Redis functions (the top of the library in
+-- scripts.rs; it runs once when the library is loaded).
+-- A chat has two keys, both with the hash tag {<chat>} so that a call touches one
+-- slot:
+--   s  state: HASH, every field short (so Redis keeps it as a compact listpack):
+--        h         "k,u,n,c,t": the holder's (or, once free, the last holder's) token,
+--                  until when its lease runs (server time, us; 0 once released), how
+--                  many tickets q holds (so the fast paths skip the list), how many
+--                  "!" marks the hash holds, and its ticket; one field, as every field
+--                  read or written costs time
+--        p         "pk,pr": the previous holder's token and replica, for this grant
+--        e, qe     until when the key's own expiry, and the queue's, is set (us)
+--        a<r>      alive-until (us) of replica r's tickets in this chat, refreshed by
+--                  its renewals (one field per replica: a deep queue costs a tick nothing)
+--        m<id>     message id <id>: the claimant ticket while in flight, "!token,ticket"
+--                  of the handling grant once handled (a retried release, or a retried
+--                  enqueue, after a lost reply is recognised by it), "-" once its
+--                  ticket gave up
+--        f         "floor,hi" (see below)
+--   q  queue: LIST of tickets in arrival order; PX 3 x TTL, extended by waiters
+-- A ticket is "<seq>:<replica>". Times are Redis TIME in microseconds. The state is
+-- read with one HMGET and written with one HSET per call: the fast paths make three
+-- redis.calls (TIME, HMGET, HSET), and their cost goes with the fields and arguments.
+--
+-- Dedup: the newest low..high handled marks of a chat are kept (low: the dedup_ids
+-- option, high: 1.5 x low), the older ones evicted in batches (oldest token first).
+-- For numeric ids (no leading zero, at most 15 digits) the chat keeps a floor, the
+-- highest evicted id: an unknown numeric id at or under it is answered duplicate, as
+-- ids rise per chat on Telegram. "hi" is the highest
+-- numeric id claimed; an unknown id under it shows the chat's ids do not rise, and turns
+-- the floor off for good (f = "x"), after which older ids are simply forgotten.
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local function num(x) return string.format('%.0f', x) end
+-- Integers as decimal strings; '%d' is exact up to 2^63 and several times cheaper than
+-- '%.0f' (about 1 us per call here) or tostring (which rounds past 14 digits).
+local function num(x) return string.format('%d', x) end
 local function replica_of(t)
   local i = string.find(t, ':', 1, true)
   return string.sub(t, i + 1)
 end
--- The holder as {t, k, pr, pk}, or nil.
-local function holder(h)
-  local v = redis.call('GET', h)
-  if not v then return nil end
-  return split(v)
+local function numeric(id)
+  if #id <= 15 and string.find(id, '^[1-9]%d*$') then return tonumber(id) end
+  return nil
+end
+-- The call's view of the chat: the holder record parsed (C.t, C.k strings, '' when
+-- none; C.u, C.n, C.c numbers), C.v the other fields read (false when absent, nil when
+-- not read) and written since, C.w the writes not sent yet, C.hd whether the holder
+-- record changed.
+local C = {w = {}}
+-- Reads the holder record and `fields` (the expiry mark `e` among them, unless the
+-- caller knows the hash exists: every hash that has `h` has `e`).
+local function load(s, q, fields)
+  C.s, C.q, C.now, C.w, C.hd = s, q, now_us(), {}, false
+  local vals = redis.call('HMGET', s, 'h', unpack(fields))
+  C.v = {}
+  for i, name in ipairs(fields) do C.v[name] = vals[1 + i] end
+  C.t, C.k, C.u, C.n, C.c = '', '', 0, 0, 0
+  if vals[1] then
+    local k, u, n, c, t = string.match(vals[1], '^([^,]*),([^,]*),([^,]*),([^,]*),(.*)$')
+    if t then
+      C.t, C.k, C.u, C.n, C.c = t, k, tonumber(u) or 0, tonumber(n) or 0, tonumber(c) or 0
+    end
+  elseif C.v.e == nil then
+    C.v.e = false
+  end
+end
+local function put(f, x)
+  if C.v[f] ~= x then
+    C.w[f] = x
+    C.v[f] = x
+  end
+end
+local function set_n(n)
+  if n < 0 then n = 0 end
+  if n ~= C.n then C.n, C.hd = n, true end
+end
+local function flush()
+  local args = {}
+  if C.hd then
+    args[1] = 'h'
+    args[2] = C.k .. ',' .. num(C.u) .. ',' .. num(C.n) .. ',' .. num(C.c) .. ',' .. C.t
+    C.hd = false
+  end
+  for f, x in pairs(C.w) do
+    args[#args + 1] = f
+    args[#args + 1] = x
+  end
+  C.w = {}
+  if #args == 0 then return end
+  if C.v.e == false then
+    -- A hash this call did not find (or found without an expiry mark) gets one, so
+    -- no path leaves state behind for good.
+    local ms = math.floor(tonumber(ARGV[6]) * 3 / 2)
+    C.v.e = num(C.now + ms * 1000)
+    args[#args + 1] = 'e'
+    args[#args + 1] = C.v.e
+    redis.call('HSET', C.s, unpack(args))
+    redis.call('PEXPIRE', C.s, ms)
+    return
+  end
+  redis.call('HSET', C.s, unpack(args))
+end
+-- Whether a live lease holds the chat.
+local function held() return C.t ~= '' and C.u >= C.now end
+-- The current holder as a reply {tag, t, k, pr, pk} (its previous holder read now if
+-- this call has not read or written it).
+local function holder_reply(tag)
+  if C.v.p == nil then C.v.p = redis.call('HGET', C.s, 'p') end
+  local pk, pr = string.match(C.v.p or ',', '^([^,]*),(.*)$')
+  return {tag, C.t, C.k, pr or '', pk or ''}
+end
+-- Keeps the queue at least 3 x ttl ms from now, never shortening it: a replica with a
+-- short TTL must not cut the queue of a waiter with a long one. `qe` remembers until
+-- when the queue's expiry is known to run (us), so most calls need no PEXPIRE; `fresh`:
+-- the RPUSH just created the list (it has no expiry yet).
+local function keep_queue(ttl, fresh)
+  if C.v.qe == nil then C.v.qe = redis.call('HGET', C.s, 'qe') end
+  local need = C.now + 3 * ttl * 1000
+  local qe = tonumber(C.v.qe)
+  if not fresh and qe and qe >= need - ttl * 1000 then return end
+  if fresh then
+    redis.call('PEXPIRE', C.q, 3 * ttl)
+  elseif redis.call('PEXPIRE', C.q, 3 * ttl, 'GT') == 0 and redis.call('PTTL', C.q) == -1 then
+    redis.call('PEXPIRE', C.q, 3 * ttl)
+  end
+  if fresh or not qe or qe < need then put('qe', num(need)) end
+end
+-- Keeps the state key at least `keep` ms past `upto` (us): the history, the dedup
+-- window and any live lease all fit. Set to half as much again, so this is one PEXPIRE
+-- per chat and hour or so, not one per message.
+local function keep_until(upto, keep)
+  if C.v.e == nil then C.v.e = redis.call('HGET', C.s, 'e') end
+  local e = tonumber(C.v.e)
+  if e and e >= upto + keep * 1000 then return end
+  local ms = math.floor((upto - C.now) / 1000) + math.floor(keep * 3 / 2)
+  -- The key must exist for PEXPIRE to stick: a new chat's first writes go first.
+  put('e', num(C.now + ms * 1000))
+  flush()
+  redis.call('PEXPIRE', C.s, ms)
 end
 -- Records a grant of the chat to ticket t with a lease of `lease` ms; publishes it
 -- to t's replica unless keep(t, replica). Returns {t, k, pr, pk, replica}.
 -- The token is max(last + 1, server time in us). Tokens never run ahead of the clock
 -- (a grant takes far more than a microsecond), so the time alone exceeds every earlier
--- token when the chat's history expired, was lost in a restart, or is stale because
+-- token when the chat's state expired, was lost in a restart, or is stale because
 -- Redis came back from an older snapshot or a lagging replica.
-local function grant(h, l, chat, t, now, lease, hist, wake, keep)
+-- The previous holder is the last one (t, k stay after a release) while its grant is
+-- at most `hist` ms old (a token is its grant's time, or just above).
+local function grant(chat, t, lease, hist, keep_ms, wake, keep)
+  local token = C.now
+  local lk = tonumber(C.k)
+  if lk and lk + 1 > token then token = lk + 1 end
   local pr, pk = '', ''
-  local token = now or now_us()
-  local last = redis.call('GET', l)
-  if last then
-    local p = split(last)
-    pk, pr = p[1], p[2] or ''
-    local n = tonumber(pk)
-    if n and n + 1 > token then token = n + 1 end
+  if C.t ~= '' and lk and C.now - lk <= hist * 1000 then
+    pr, pk = replica_of(C.t), C.k
   end
-  local r = replica_of(t)
   local k = num(token)
-  redis.call('SET', h, t .. SEP .. k .. SEP .. pr .. SEP .. pk, 'PX', lease)
-  redis.call('SET', l, k .. SEP .. r, 'PX', hist)
+  local until_us = C.now + lease * 1000
+  C.t, C.k, C.u, C.hd = t, k, until_us, true
+  put('p', pk .. ',' .. pr)
+  keep_until(until_us, keep_ms)
+  local r = replica_of(t)
   if not keep(t, r) then
     redis.call('PUBLISH', wake .. r, cjson.encode({c = chat, t = t, k = k, pr = pr, pk = pk}))
   end
   return {t, k, pr, pk, r}
 end
--- Hands a free chat (the caller checked h is absent) to the first live ticket in the
--- queue, skipping lapsed ones. Returns the grant or nil.
-local function settle(h, q, w, l, chat, ttl, hist, wake, keep)
-  local now = nil
-  -- Popped at most as many times as it holds: the pop that empties the list deletes
-  -- it, and touching a deleted key again fails the script midway while its slot is
-  -- being migrated (see the header).
-  for _ = 1, redis.call('LLEN', q) do
-    local t = redis.call('LPOP', q)
-    if not t then return nil end
-    local alive = tonumber(redis.call('HGET', w, replica_of(t)))
-    now = now or now_us()
-    if alive and alive > now then
+-- Hands a free chat (the caller checked that no live lease holds it) to the first live
+-- ticket in the queue, skipping lapsed ones. Returns the grant or nil.
+local function settle(chat, ttl, hist, keep_ms, wake, keep)
+  while true do
+    local t = redis.call('LPOP', C.q)
+    if not t then
+      set_n(0)
+      return nil
+    end
+    set_n(C.n - 1)
+    local alive = tonumber(C.v['a' .. replica_of(t)] or redis.call('HGET', C.s, 'a' .. replica_of(t)))
+    if alive and alive > C.now then
       -- The grantee's own liveness bounds its lease, not the caller's TTL: replicas
       -- may run different TTLs (a rolling deploy), and alive-until was set from the
       -- grantee's TTL at its last renewal, so the lease never outlives a crashed
@@ -91,32 +187,47 @@ local function settle(h, q, w, l, chat, ttl, hist, wake, keep)
       -- gets a full TTL from now, which the caller counts from its call's send time.
       local r = replica_of(t)
       local lease = ttl
-      if not keep(t, r) then lease = math.floor((alive - now) / 1000) end
+      if not keep(t, r) then lease = math.floor((alive - C.now) / 1000) end
       if lease < 1 then lease = 1 end
-      return grant(h, l, chat, t, now, lease, hist, wake, keep)
+      return grant(chat, t, lease, hist, keep_ms, wake, keep)
     end
   end
-  return nil
 end
--- The holder of the chat, after handing a free chat on; a grant to ticket t itself is
--- not published (the caller answers with it).
-local function holder_or_settle(h, q, w, l, chat, t, ttl, hist, wake)
-  local hv = holder(h)
-  if hv then return hv end
-  local g = settle(h, q, w, l, chat, ttl, hist, wake, function(x) return x == t end)
-  if g then return {g[1], g[2], g[3], g[4]} end
-  return nil
-end
--- Extends a key's expiry to at least ms, never shortening it: a replica with a short
--- TTL must not cut the queue of a waiter with a long one. (A key without expiry, just
--- created, gets one.)
-local function extend(k, ms)
-  if redis.call('PEXPIRE', k, ms, 'GT') == 0 and redis.call('PTTL', k) == -1 then
-    redis.call('PEXPIRE', k, ms)
+-- Evicts the oldest handled marks once there are `high`, down to `low`, raising the
+-- floor of a chat whose numeric ids rise. Called after flush(), with the hash up to
+-- date.
+local function evict(low, high)
+  local all = redis.call('HGETALL', C.s)
+  local marks, fv = {}, nil
+  for i = 1, #all, 2 do
+    local f, x = all[i], all[i + 1]
+    if f == 'f' then fv = x end
+    if string.byte(f, 1) == 109 and string.byte(x, 1) == 33 then
+      marks[#marks + 1] = {tonumber(string.match(x, '^!(%d+)')) or 0, string.sub(f, 2)}
+    end
   end
-end
-local function touch(q, w, ttl)
-  extend(q, 3 * ttl)
-  extend(w, 3 * ttl)
+  C.c, C.hd = #marks, true
+  if #marks < high then
+    flush()
+    return
+  end
+  table.sort(marks, function(a, b) return a[1] < b[1] end)
+  local dels = {}
+  local off = fv == 'x'
+  local fl, hi = nil, ''
+  if fv and not off then
+    local a, b = string.match(fv, '^([^,]*),(.*)$')
+    fl, hi = tonumber(a), b or ''
+  end
+  for i = 1, #marks - low do
+    local id = marks[i][2]
+    dels[#dels + 1] = 'm' .. id
+    local x = numeric(id)
+    if x and not off and (not fl or x > fl) then fl = x end
+  end
+  redis.call('HDEL', C.s, unpack(dels))
+  C.c = #marks - #dels
+  if fl and not off then put('f', num(fl) .. ',' .. hi) end
+  flush()
 end
 local function never() return false end

@@ -685,3 +685,41 @@ fn a_lapsed_first_ticket_loses_only_the_later_tickets_skipped_too() {
     tick(&r);
     turn(&second).release().expect("second ran in order");
 }
+
+/// A later enqueue refreshes the replica's liveness in the chat, but says nothing of
+/// the lapse before it, in which an earlier ticket may have been skipped: a ticket gone
+/// whose own place was last confirmed over a TTL ago is reported lost even so. Counted
+/// from the chat's latest refresh it was queued again at the back, and ran after later
+/// messages of its chat.
+#[test]
+fn a_ticket_gone_after_a_lapse_is_lost_though_a_later_enqueue_refreshed_the_chat() {
+    let w = World::new();
+    let h = w.replica("h");
+    let r = w.replica("r");
+    let h_turn = turn(&take(&h, "chat", None));
+    let early = take(&r, "chat", Some("m1"));
+    // r is paused (no ticks) for 12 s; h keeps renewing.
+    for _ in 0..4 {
+        w.clock.advance(Duration::from_secs(3));
+        tick(&h);
+    }
+    // Back, r takes in a later message of the chat.
+    let later = take(&r, "chat", Some("m2"));
+    *w.backend.rewrite_renewal.lock() = Some(Box::new(|renewal: &mut Renewal| {
+        for state in &mut renewal.waiting {
+            *state = crate::TicketState::Gone;
+        }
+    }));
+    tick(&r);
+    match early.try_recv() {
+        Ok(Err(NoTurn::Failed(e))) => assert_eq!(e.reason, crate::Reason::Lost),
+        other => panic!("expected the early message reported lost, got {other:?}"),
+    }
+    assert!(
+        later.try_recv().is_err(),
+        "the later message keeps its place"
+    );
+    h_turn.release().expect("h releases");
+    tick(&r);
+    turn(&later).release().expect("the later message runs");
+}

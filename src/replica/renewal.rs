@@ -312,7 +312,7 @@ impl Inner {
                 TicketState::Gone | TicketState::Lapsed => {
                     let (placed, refreshed) = {
                         let table = self.waiting.lock();
-                        (table.is_placed(*seq), table.alive_from(*seq))
+                        (table.is_placed(*seq), table.confirmed_at(*seq))
                     };
                     // A ticket whose enqueue has not answered yet may not have
                     // arrived: only a grant or a place found is news.

@@ -148,8 +148,20 @@ impl<G> Waiters<G> {
         self.refreshed_chat(&chat, sent);
     }
 
+    /// When the backend last confirmed this very ticket queued (its enqueue, a
+    /// re-check that found it waiting); `None` once the ticket is gone. For telling a
+    /// ticket skipped during a lapse from one lost with the data: the chat's latest
+    /// refresh says nothing about a lapse before it, in which this ticket may have
+    /// been skipped (counted from there, such a ticket was queued again at the back,
+    /// after later messages of its chat).
+    pub(crate) fn confirmed_at(&self, seq: u64) -> Option<Instant> {
+        self.map.get(&seq).map(|w| w.alive_from)
+    }
+
     /// See [`Waiter::alive_from`], with the chat's latest refresh (see
-    /// [`Waiters::refreshed_chat`]); `None` once the ticket is gone.
+    /// [`Waiters::refreshed_chat`]): where a grant's lease ends at the earliest (as
+    /// [`Waiters::take`] folds it in); `None` once the ticket is gone.
+    #[cfg(test)]
     pub(crate) fn alive_from(&self, seq: u64) -> Option<Instant> {
         let w = self.map.get(&seq)?;
         let chat = self.chats.get(&w.chat).and_then(|c| c.refreshed);
