@@ -236,7 +236,7 @@ fn chaos(o: &ChaosOptions) -> Result<bool, String> {
     let settings = backend::RedisSettings::of(&ro).ok_or("the Redis settings are missing")?;
     let plan = faults::plan(o.seed, o.faults, &o.kinds, o.lease_ttl, o.replicas);
     let mut director = Chaos::new(plan, o.replicas, &mut server, &proxy);
-    let link_probe = probe::Probe::start(proxy.port());
+    let link_probe = probe::Probe::start(proxy.port(), director.watched.clone());
     // A `duplicate` is final here, as it is for a webhook platform: the harness must
     // see whether botmesh's "handled or will be" holds.
     let finished = parent::run(
@@ -246,19 +246,20 @@ fn chaos(o: &ChaosOptions) -> Result<bool, String> {
         (Pace::Rate(o.rate), EarlyDuplicates::Final),
         &mut director,
     )?;
-    let pings = link_probe.stop();
+    let probe::Seen { pings, waits } = link_probe.stop();
     let seen = std::mem::take(&mut director.seen);
     let failed_faults = std::mem::take(&mut director.failed);
     let origin = director.started.unwrap_or_else(std::time::Instant::now);
     drop(director);
     // A ping slower than the renewal period: no renewal could have landed in time.
     let stalls = probe::stalls(&pings, o.lease_ttl / 3, origin);
-    let probe_stats = probe::stats(&pings, &stalls);
+    let probe_stats = probe::stats(&pings, &stalls, &waits);
+    let waits = probe::waits(&waits, origin);
 
     if let Some(log) = &o.log {
         write_faults(log, &seen, &stalls)?;
     }
-    let verdict = judge::judge(&finished.drops, &seen, &stalls, o);
+    let verdict = judge::judge(&finished.drops, &seen, &stalls, &waits, o);
     if let Some(log) = &o.log {
         write_unexplained(log, &verdict)?;
     }
@@ -457,8 +458,9 @@ fn human(
         c.ran_then_dropped
     ));
     s.push_str(&format!(
-        "  link probe   {} pings ({} failed), round trip p50 {} ms, p99 {} ms, max {} ms; {} stall(s) of ≥ TTL/3, {} ms in all\n",
-        probe.pings, probe.failed, probe.p50_ms, probe.p99_ms, probe.max_ms, probe.stalls, probe.stalled_ms
+        "  link probe   {} pings ({} failed), round trip p50 {} ms, p99 {} ms, max {} ms; {} stall(s) of ≥ TTL/3, {} ms in all; renewal threads waited {} ms for a CPU (at most {} ms between samples)\n",
+        probe.pings, probe.failed, probe.p50_ms, probe.p99_ms, probe.max_ms, probe.stalls, probe.stalled_ms,
+        probe.renewal_cpu_wait_ms, probe.renewal_cpu_wait_max_ms
     ));
     s.push_str(&format!("  wall time    {:.1} s\n", f.wall.as_secs_f64()));
     for v in f.violations.iter().take(8) {

@@ -57,7 +57,13 @@ fn parse() -> Result<Args, String> {
                 })?);
             }
             Long("key-prefix") => prefix = value(&mut p, "--key-prefix")?,
-            Long("chat") => chat = Some(value(&mut p, "--chat")?),
+            Long("chat") => {
+                let id = value(&mut p, "--chat")?;
+                if id.is_empty() {
+                    return Err("--chat: an empty chat id names no chat".to_owned());
+                }
+                chat = Some(id);
+            }
             Long("json") => json = true,
             Long("limit") => {
                 let v = value(&mut p, "--limit")?;
@@ -192,7 +198,9 @@ fn print_table(m: &MeshView, one: bool) {
         return;
     }
     if m.truncated {
-        println!("(more chats than --limit; raise it to see them)");
+        println!(
+            "(truncated: more chats than --limit, or over 100,000 keys scanned; a narrower --key-prefix helps there)"
+        );
     }
     println!();
     println!("replicas ({}): {}", m.replicas.len(), m.replicas.join(", "));

@@ -140,7 +140,8 @@ impl fmt::Display for CoordinationUnavailableError {
         }
         let why = match (self.reason, self.handler_started) {
             (Reason::Timeout, _) => {
-                "the chat's turn did not come within the allowed wait (turn_wait)"
+                "the chat's turn did not come within the allowed wait (turn_wait, or the timeout \
+                 given to Replica::acquire_timeout)"
             }
             (Reason::Lost, false) => {
                 "the chat's turn was lost before its handler started (lease expired or taken over)"

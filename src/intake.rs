@@ -73,8 +73,10 @@ impl Intake {
     ///
     /// # Errors
     /// [`CoordinationUnavailableError`] with reason `backend` when the coordinator
-    /// cannot be reached, `shutting_down` when the bot is stopping. The message was not
-    /// taken in then: the caller should answer the platform with an error so it retries.
+    /// cannot be reached, `shutting_down` when the bot is stopping: the message was not
+    /// taken in, and the caller should answer the platform with an error so it
+    /// retries. Reason `invalid` when the message cannot be taken in as it is (an
+    /// empty or over-long chat id or message id): a retry fails the same way.
     pub fn deliver(&self, message: Message) -> Result<Accepted, CoordinationUnavailableError> {
         self.admit.clone().admit(message)
     }

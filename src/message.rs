@@ -128,6 +128,7 @@ pub enum Outcome {
     /// [`CoordinationUnavailableError::handler_started`] tells which, and its docs say
     /// what a host should do in each case.
     Dropped(CoordinationUnavailableError),
-    /// Its id was seen within the dedup window; it did not run again.
+    /// Its id counts as handled in its chat (see
+    /// [`Accepted::Duplicate`](crate::Accepted::Duplicate)); it did not run again.
     Duplicate,
 }

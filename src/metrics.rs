@@ -4,8 +4,9 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Buckets of the wait-time histogram: bucket `i` counts waits below `2^i` µs
-/// (bucket 0: under 1 µs); the last bucket takes everything longer.
+/// Buckets of the wait-time histogram: bucket `i` counts the waits from `2^(i-1)` µs
+/// up to under `2^i` µs (bucket 0: under 1 µs; each bucket on its own, not cumulative,
+/// unlike the Prometheus text); the last bucket takes everything longer.
 pub const WAIT_BUCKETS: usize = 32;
 
 /// Live counters of one replica, updated with relaxed atomics.
@@ -156,7 +157,8 @@ pub struct MetricsSnapshot {
     pub conversations_stale: u64,
     /// Steps stopped because `settle` ran out.
     pub steps_stopped: u64,
-    /// Wait for the turn, intake to grant: bucket `i` counts waits under `2^i` µs.
+    /// Wait for the turn, intake to grant: bucket `i` counts the waits from
+    /// `2^(i-1)` µs up to under `2^i` µs (see [`WAIT_BUCKETS`]).
     pub wait_histogram: [u64; WAIT_BUCKETS],
     /// The sum of those waits, in µs (the histogram's `_sum` in
     /// [`MetricsSnapshot::prometheus_text`]).

@@ -1410,3 +1410,18 @@ fn dedup_ids_is_read_checked_and_defaulted() {
         );
     }
 }
+
+/// A coordinator built in code with a lease TTL no lease can be held with (the memory
+/// backend raises zero to 1 ms) is refused when the bot is built, naming the field.
+#[test]
+fn a_shared_coordinator_with_an_unworkable_ttl_is_refused() {
+    let coordinator: std::sync::Arc<dyn botmesh::Coordinator> = std::sync::Arc::new(
+        botmesh::MemoryCoordinator::with_settings(Duration::ZERO, Duration::from_secs(60)),
+    );
+    let config = botmesh::CoordinatorConfig::Shared(coordinator);
+    let err = config.validate().expect_err("a 1 ms lease is refused");
+    assert!(
+        err.to_string().contains("coordinator.shared.leaseTtl"),
+        "names the field: {err}"
+    );
+}

@@ -201,6 +201,8 @@ pub struct Chaos<'a> {
     ready_within: Duration,
     /// The platform's start, the origin of the run's clock (for the probe's stalls).
     pub started: Option<Instant>,
+    /// The live replicas for the probe to watch (name, pid), updated every tick.
+    pub watched: crate::probe::Watched,
 }
 
 impl<'a> Chaos<'a> {
@@ -226,6 +228,7 @@ impl<'a> Chaos<'a> {
             busy: Busy::default(),
             ready_within: Duration::from_secs(30),
             started: None,
+            watched: Default::default(),
         }
     }
 
@@ -399,6 +402,14 @@ impl Director for Chaos<'_> {
     fn tick(&mut self, p: &mut Dispatcher) -> Option<Instant> {
         let now = Instant::now();
         self.started.get_or_insert(p.started());
+        if let Ok(mut watched) = self.watched.lock() {
+            watched.clear();
+            watched.extend(
+                p.live()
+                    .into_iter()
+                    .filter_map(|k| Some((p.name(k), p.pid(k)?))),
+            );
+        }
         // Traffic runs until the last fault is over: another round of the input
         // before the platform runs dry.
         if !self.finished() && p.undelivered() < p.round_len() / 2 + 1 {

@@ -17,6 +17,7 @@
 //! | cut | `backend` | any replica |
 //! | pubsub_kill, jitter, busy | nothing: the contract says they lose no lease and drop no message | |
 //! | stall (seen, not injected) | `backend`; `lost` when stalls, blackholes and Redis restarts together cover ≥ TTL/2 of the lease's last TTL + TTL/3 + 0.5 s | any replica |
+//! | starved (seen, not injected) | `lost` when the above and the time the replica's own renewal thread waited for a CPU (the kernel's scheduler account) together cover ≥ TTL/2 of that stretch | that replica |
 //!
 //! A *stall* is not a fault the harness injects but one it observes: its link probe
 //! (`probe.rs`) pings Redis through the proxy every 20 ms, and a ping that took at least
@@ -136,7 +137,13 @@ fn covered(d: &DropSeen, faults: &[Seen], ttl: Duration) -> Duration {
 /// a TTL of the lease's last stretch (a TTL, a renewal period and 0.5 s for the report,
 /// back from the drop) — the same test as for one blackhole (SPEC §3: a lease is lost
 /// only when the backend was out of reach for long enough).
-fn stalled(d: &DropSeen, faults: &[Seen], stalls: &[Stall], ttl: Duration) -> bool {
+fn stalled(
+    d: &DropSeen,
+    faults: &[Seen],
+    stalls: &[Stall],
+    waits: &[(String, Duration, Duration)],
+    ttl: Duration,
+) -> bool {
     match d.reason {
         "backend" => {
             let grace = COMMAND_TIMEOUT + Duration::from_millis(500);
@@ -147,12 +154,22 @@ fn stalled(d: &DropSeen, faults: &[Seen], stalls: &[Stall], ttl: Duration) -> bo
         "lost" => {
             let reach = ttl + ttl / 3 + Duration::from_millis(500);
             let from = d.sent.max(d.at.saturating_sub(reach));
-            let spans = stalls.iter().map(|s| (s.start, s.end)).chain(
-                faults
-                    .iter()
-                    .filter(|f| matches!(f.kind, Kind::Blackhole | Kind::RedisRestart))
-                    .map(|f| (f.start, f.end)),
-            );
+            let spans = stalls
+                .iter()
+                .map(|s| (s.start, s.end))
+                .chain(
+                    faults
+                        .iter()
+                        .filter(|f| matches!(f.kind, Kind::Blackhole | Kind::RedisRestart))
+                        .map(|f| (f.start, f.end)),
+                )
+                // The dropping replica's renewal thread waiting for a CPU.
+                .chain(
+                    waits
+                        .iter()
+                        .filter(|w| d.replica.as_deref() == Some(w.0.as_str()))
+                        .map(|w| (w.1, w.2)),
+                );
             union_within(spans, from, d.at) * 2 >= ttl
         }
         _ => false,
@@ -183,7 +200,13 @@ fn union_within(
 }
 
 /// Sets every drop against the faults and the stalls the probe saw.
-pub fn judge(drops: &[DropSeen], faults: &[Seen], stalls: &[Stall], o: &ChaosOptions) -> Verdict {
+pub fn judge(
+    drops: &[DropSeen],
+    faults: &[Seen],
+    stalls: &[Stall],
+    waits: &[(String, Duration, Duration)],
+    o: &ChaosOptions,
+) -> Verdict {
     let mut explained = BTreeMap::new();
     let mut unexplained = Vec::new();
     for d in drops {
@@ -196,8 +219,11 @@ pub fn judge(drops: &[DropSeen], faults: &[Seen], stalls: &[Stall], o: &ChaosOpt
         }
         match faults.iter().find(|f| explains(f, d, o)) {
             Some(f) => *explained.entry(f.kind.name()).or_insert(0) += 1,
-            None if stalled(d, faults, stalls, o.lease_ttl) => {
+            None if stalled(d, faults, stalls, &[], o.lease_ttl) => {
                 *explained.entry("stall").or_insert(0) += 1;
+            }
+            None if stalled(d, faults, stalls, waits, o.lease_ttl) => {
+                *explained.entry("starved").or_insert(0) += 1;
             }
             None => {
                 let during = faults

@@ -40,13 +40,16 @@ impl log::Log for StderrLog {
             let at_us = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_micros());
-            eprintln!(
-                "{at_us} {} {} {}: {}",
+            // One write per line: replica processes share the parent's stderr, and
+            // `eprintln!` may write a line in pieces that interleave with theirs.
+            let line = format!(
+                "{at_us} {} {} {}: {}\n",
                 self.name,
                 record.level(),
                 record.target(),
                 record.args()
             );
+            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
         }
     }
 

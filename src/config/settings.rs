@@ -414,12 +414,15 @@ impl CoordinatorConfig {
         }
     }
 
-    /// Checks the backend's options ([`Shared`](Self::Shared) has none).
+    /// Checks the backend's options; of a [`Shared`](Self::Shared) coordinator, its
+    /// lease TTL (a coordinator built in code may have been given one no lease can be
+    /// held with, such as `MemoryCoordinator::with_settings(Duration::ZERO, …)`).
     ///
     /// # Errors
     /// A [`ConfigError`] naming the first option at fault as in files
-    /// (`coordinator.memory.leaseTtlMs`, `coordinator.redis.url`, ...); see
-    /// [`CoordinationConfig::validate`]. A Redis URL is never shown.
+    /// (`coordinator.memory.leaseTtlMs`, `coordinator.redis.url`,
+    /// `coordinator.shared.leaseTtl`, ...); see [`CoordinationConfig::validate`]. A
+    /// Redis URL is never shown.
     pub fn validate(&self) -> Result<(), ConfigError> {
         match self {
             CoordinatorConfig::Memory(options) => options.validate_as("coordinator.memory."),
@@ -427,7 +430,10 @@ impl CoordinatorConfig {
             CoordinatorConfig::Redis(options) => {
                 super::redis::validate(options, "coordinator.redis.")
             }
-            CoordinatorConfig::Shared(_) => Ok(()),
+            CoordinatorConfig::Shared(coordinator) => duration::check_set::<LeaseTtl>(
+                "coordinator.shared.leaseTtl",
+                coordinator.lease_ttl(),
+            ),
         }
     }
 

@@ -66,7 +66,12 @@ pub enum Accepted {
     /// waits for that delivery and ends as a duplicate once that one was handled (or
     /// runs, if that one's replica died first). Either way it ends exactly once.
     Queued,
-    /// The message id was handled within the dedup window; it will not run again.
+    /// The message id counts as handled in its chat, so it will not run again: a
+    /// delivery of it ran to its end (with success or with a handler error: a failed
+    /// message is not run again by a redelivery) within the dedup window, and the chat
+    /// still remembers it (its newest `dedup_ids` handled ids), or it is a numeric id at
+    /// or under the chat's floor for rising ids. The README's *Duplicates* section says
+    /// exactly when an old id can run again, and when Redis remembers one longer.
     Duplicate,
 }
 

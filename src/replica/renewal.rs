@@ -69,6 +69,19 @@ pub(crate) fn renewal_loop(inner: &Arc<Inner>) {
     }
 }
 
+/// The re-check's question for each listed waiter, with its ticket.
+fn as_waiting<'a>(waiters: &'a [PlacedWaiter], tickets: &'a [Ticket]) -> Vec<Waiting<'a>> {
+    waiters
+        .iter()
+        .zip(tickets)
+        .map(|((chat, _, id), ticket)| Waiting {
+            chat,
+            ticket,
+            message_id: id.as_deref(),
+        })
+        .collect()
+}
+
 /// The most in-flight duplicates asked about again, ghosts cancelled and suspect
 /// grants released per tick: each costs a round trip on the renewal thread.
 const RETRIES_PER_TICK: usize = 32;
@@ -119,15 +132,7 @@ impl Inner {
         let leases: Vec<HeldLease<'_>> = held.iter().map(|s| s.lease()).collect();
         let waiters = self.placed_waiters();
         let tickets: Vec<Ticket> = waiters.iter().map(|w| self.ticket(w.1)).collect();
-        let waiting: Vec<Waiting<'_>> = waiters
-            .iter()
-            .zip(&tickets)
-            .map(|((chat, _, id), ticket)| Waiting {
-                chat,
-                ticket,
-                message_id: id.as_deref(),
-            })
-            .collect();
+        let waiting = as_waiting(&waiters, &tickets);
         let sent = self.clock.now();
         match self.coordinator.renew(&self.id, &leases, &waiting) {
             Ok(renewal) => {
@@ -270,15 +275,7 @@ impl Inner {
         // The earliest ticket of a chat lapsed: each later one is asked about on
         // its own, in one more round trip (rare: after a pause or a partition).
         let tickets: Vec<Ticket> = again.iter().map(|w| self.ticket(w.1)).collect();
-        let waiting: Vec<Waiting<'_>> = again
-            .iter()
-            .zip(&tickets)
-            .map(|((chat, _, id), ticket)| Waiting {
-                chat,
-                ticket,
-                message_id: id.as_deref(),
-            })
-            .collect();
+        let waiting = as_waiting(&again, &tickets);
         let sent = self.clock.now();
         match self.coordinator.renew(&self.id, &[], &waiting) {
             Ok(renewal) => {
