@@ -973,11 +973,126 @@ command_timeout_ms = 2000
         let options: RedisOptions =
             serde_json::from_str(r#"{"url": "redis://h:1", "keyPrefix": "p"}"#).expect("options");
         assert_eq!(options.key_prefix, "p");
-        // rediss:// needs a TLS feature of the redis crate, which this build lacks: a
-        // URL that cannot work is refused at load, naming the field.
+        // rediss:// needs botmesh's `tls` feature: without it, a URL that cannot work
+        // is refused at load, naming the field; with it, it loads.
+        #[cfg(not(feature = "tls"))]
         json_err(
             r#"{"coordinator": {"redis": {"url": "rediss://host:6380"}}}"#,
             &["coordinator.redis.url: not a usable Redis URL", "TLS"],
+        );
+        #[cfg(feature = "tls")]
+        assert_eq!(
+            redis(&json(
+                r#"{"coordinator": {"redis": {"url": "rediss://host:6380"}}}"#
+            ))
+            .url,
+            "rediss://host:6380"
+        );
+    }
+
+    #[test]
+    fn cluster_seeds_in_json_and_toml() {
+        let config = json(
+            r#"{"coordinator": {"redis": {"cluster": ["redis://10.0.0.5:7000", "redis://10.0.0.6:7001"],
+                "keyPrefix": "mybot"}}}"#,
+        );
+        let options = redis(&config);
+        assert_eq!(
+            options.cluster,
+            ["redis://10.0.0.5:7000", "redis://10.0.0.6:7001"]
+        );
+        assert!(options.url.is_empty());
+        assert!(config.validate().is_ok());
+        let config = toml_ok(
+            "[coordinator.redis]\ncluster = [\"redis://127.0.0.1:7000\"]\nkey_prefix = \"p\"\n",
+        );
+        assert_eq!(redis(&config).cluster, ["redis://127.0.0.1:7000"]);
+        // Set in code.
+        let config = CoordinationConfig::new(CoordinatorConfig::Redis(RedisOptions::cluster([
+            "redis://127.0.0.1:7000",
+        ])));
+        assert!(config.validate().is_ok());
+    }
+
+    #[test]
+    fn sentinel_and_tls_in_json_and_toml() {
+        let config = json(
+            r#"{"coordinator": {"redis": {"sentinel": {"urls": ["redis://127.0.0.1:26379"],
+                "service": "mymaster"}, "tls": {"caFile": "/etc/ca.pem",
+                "clientCert": "/etc/c.pem", "clientKey": "/etc/k.pem"}}}}"#,
+        );
+        let options = redis(&config);
+        let sentinel = options.sentinel.clone().expect("sentinel");
+        assert_eq!(sentinel.urls, ["redis://127.0.0.1:26379"]);
+        assert_eq!(sentinel.service, "mymaster");
+        assert_eq!(
+            options.tls.ca_file.as_deref(),
+            Some(std::path::Path::new("/etc/ca.pem"))
+        );
+        let config = toml_ok(
+            "[coordinator.redis.sentinel]\nurls = [\"redis://h:26379\"]\nservice = \"m\"\n\
+             [coordinator.redis.tls]\nca_file = \"/ca.pem\"\n",
+        );
+        assert_eq!(redis(&config).sentinel.expect("sentinel").service, "m");
+    }
+
+    #[test]
+    fn cluster_and_sentinel_errors_name_the_field() {
+        json_err(
+            r#"{"coordinator": {"redis": {"cluster": []}}}"#,
+            &["coordinator.redis.cluster", "empty"],
+        );
+        json_err(
+            r#"{"coordinator": {"redis": {"url": "redis://h:1", "cluster": ["redis://h:2"]}}}"#,
+            &["coordinator.redis.url, cluster", "more than one"],
+        );
+        json_err(
+            r#"{"coordinator": {"redis": {"cluster": ["redis://h:2"],
+                "sentinel": {"urls": ["redis://h:3"], "service": "m"}}}}"#,
+            &["cluster, sentinel", "more than one"],
+        );
+        json_err(
+            r#"{"coordinator": {"redis": {"cluster": ["redis://h:1", "http://h:2"]}}}"#,
+            &["coordinator.redis.cluster[1]", "not a Redis URL"],
+        );
+        json_err(
+            r#"{"coordinator": {"redis": {"cluster": ["redis://h:1", "redis://h:port"]}}}"#,
+            &["coordinator.redis.cluster[1]", "\"port\" is not a number"],
+        );
+        json_err(
+            r#"{"coordinator": {"redis": {"sentinel": {"urls": [], "service": "m"}}}}"#,
+            &["coordinator.redis.sentinel.urls", "empty"],
+        );
+        json_err(
+            r#"{"coordinator": {"redis": {"sentinel": {"urls": ["redis://h:1"], "service": " "}}}}"#,
+            &["coordinator.redis.sentinel.service", "\" \"", "empty"],
+        );
+        json_err(
+            r#"{"coordinator": {"redis": {"url": "redis://h:1", "tls": {"clientCert": "/c.pem"}}}}"#,
+            &["tls.clientCert, tls.clientKey", "both"],
+        );
+        // In code: the same checks, through validate.
+        let mixed = RedisOptions {
+            cluster: vec!["redis://h:2".into()],
+            ..RedisOptions::new("redis://h:1")
+        };
+        let e = CoordinationConfig::new(CoordinatorConfig::Redis(mixed))
+            .validate()
+            .expect_err("refused");
+        assert!(
+            e.to_string().contains("coordinator.redis.url, cluster"),
+            "{e}"
+        );
+        let e = CoordinationConfig::new(CoordinatorConfig::Redis(RedisOptions::cluster(Vec::<
+            String,
+        >::new(
+        ))))
+        .validate()
+        .expect_err("refused");
+        let e = e.to_string();
+        assert!(
+            e.contains("coordinator.redis.url: missing") && e.contains("cluster"),
+            "{e}"
         );
     }
 

@@ -29,6 +29,12 @@ options:
   --backend NAME           coordination backend: `memory` (one process) or `redis`
                            [default: memory]
   --redis-url URL          the Redis server, e.g. redis://127.0.0.1:6379 (with --backend redis)
+  --redis-cluster URL[,URL…]
+                           Redis Cluster seed nodes instead of --redis-url, e.g.
+                           redis://127.0.0.1:7000,redis://127.0.0.1:7001
+  --redis-sentinel URL[,URL…]
+                           sentinels instead of --redis-url (with --sentinel-service)
+  --sentinel-service NAME  the service the sentinels monitor, e.g. mymaster
   --key-prefix P           Redis key prefix [default: a fresh replay-<pid>-<nanos> per run]
   --dedup-ids N            handled message ids each chat remembers at least (Redis)
                            [default: the library's, 64]
@@ -63,6 +69,10 @@ const MAX_LEASE_TTL: Duration = Duration::from_secs(86_400);
 /// The environment variable a parent hands the Redis URL to its replica processes in,
 /// so that a password in it never shows in the process list.
 pub const REDIS_URL_ENV: &str = "BOTMESH_REPLAY_REDIS_URL";
+/// As [`REDIS_URL_ENV`], for the cluster seed nodes (comma-separated).
+pub const REDIS_CLUSTER_ENV: &str = "BOTMESH_REPLAY_REDIS_CLUSTER";
+/// As [`REDIS_URL_ENV`], for the sentinels (comma-separated).
+pub const REDIS_SENTINEL_ENV: &str = "BOTMESH_REPLAY_REDIS_SENTINEL";
 
 /// What the command line asks for.
 #[derive(Clone, Debug)]
@@ -89,6 +99,12 @@ pub struct Options {
     pub backend: String,
     /// The Redis server (with `--backend redis`).
     pub redis_url: Option<String>,
+    /// Redis Cluster seed nodes (`--redis-cluster`); empty: not a cluster.
+    pub redis_cluster: Vec<String>,
+    /// Sentinels (`--redis-sentinel`); empty: no Sentinel.
+    pub redis_sentinel: Vec<String>,
+    /// The service the sentinels monitor.
+    pub sentinel_service: Option<String>,
     /// The Redis key prefix; `None`: a fresh one per run.
     pub key_prefix: Option<String>,
     /// The Redis lease TTL; `None`: the library's default.
@@ -135,6 +151,9 @@ impl Options {
             turn_wait: Duration::from_secs(120),
             backend: "memory".to_owned(),
             redis_url: None,
+            redis_cluster: Vec::new(),
+            redis_sentinel: Vec::new(),
+            sentinel_service: None,
             key_prefix: None,
             lease_ttl: None,
             dedup_ids: None,
@@ -242,6 +261,21 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String
                 }
                 o.redis_url = Some(v);
             }
+            Long("redis-cluster") => {
+                o.redis_cluster =
+                    url_list(&text(&mut parser, "--redis-cluster")?, "--redis-cluster")?;
+            }
+            Long("redis-sentinel") => {
+                o.redis_sentinel =
+                    url_list(&text(&mut parser, "--redis-sentinel")?, "--redis-sentinel")?;
+            }
+            Long("sentinel-service") => {
+                let v = text(&mut parser, "--sentinel-service")?;
+                if v.trim().is_empty() {
+                    return Err("--sentinel-service: the name is empty".to_owned());
+                }
+                o.sentinel_service = Some(v);
+            }
             Long("key-prefix") => {
                 let v = text(&mut parser, "--key-prefix")?;
                 if v.is_empty() || v.contains(['{', '}']) || v.chars().any(char::is_control) {
@@ -305,8 +339,20 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String
         }
     }
     if o.child_replica.is_some() && o.redis_url.is_none() {
-        // A replica process gets the URL from its parent through the environment.
-        o.redis_url = std::env::var(REDIS_URL_ENV).ok();
+        // A replica process gets the URLs from its parent through the environment.
+        o.redis_url = std::env::var(REDIS_URL_ENV).ok().filter(|v| !v.is_empty());
+        let list = |var| {
+            std::env::var(var)
+                .map(|v| {
+                    v.split(',')
+                        .filter(|u| !u.is_empty())
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        o.redis_cluster = list(REDIS_CLUSTER_ENV);
+        o.redis_sentinel = list(REDIS_SENTINEL_ENV);
     }
     check_combination(&o)?;
     Ok(Command::Run(Box::new(o)))
@@ -315,11 +361,32 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String
 /// Refuses flags that only make sense together with others.
 fn check_combination(o: &Options) -> Result<(), String> {
     let redis = o.backend == "redis";
-    if redis && o.redis_url.is_none() {
-        return Err("--backend redis needs --redis-url URL".to_owned());
+    let given: Vec<&str> = [
+        ("--redis-url", o.redis_url.is_some()),
+        ("--redis-cluster", !o.redis_cluster.is_empty()),
+        ("--redis-sentinel", !o.redis_sentinel.is_empty()),
+    ]
+    .iter()
+    .filter(|(_, set)| *set)
+    .map(|(f, _)| *f)
+    .collect();
+    if redis && given.is_empty() {
+        return Err(
+            "--backend redis needs --redis-url URL, --redis-cluster URL[,URL…] or \
+             --redis-sentinel URL[,URL…] with --sentinel-service NAME"
+                .to_owned(),
+        );
+    }
+    if given.len() > 1 {
+        return Err(format!("{}: give only one of them", given.join(", ")));
+    }
+    if o.redis_sentinel.is_empty() != o.sentinel_service.is_none() {
+        return Err("--redis-sentinel and --sentinel-service go together".to_owned());
     }
     let redis_only = [
         ("--redis-url", o.redis_url.is_some()),
+        ("--redis-cluster", !o.redis_cluster.is_empty()),
+        ("--redis-sentinel", !o.redis_sentinel.is_empty()),
         ("--key-prefix", o.key_prefix.is_some()),
         ("--lease-ttl", o.lease_ttl.is_some()),
         ("--dedup-ids", o.dedup_ids.is_some()),
@@ -380,4 +447,19 @@ fn millis(parser: &mut lexopt::Parser, flag: &str) -> Result<f64, String> {
             "{flag}: {v:?} is not a number of milliseconds from 0 to {MAX_HANDLER_MS}"
         )),
     }
+}
+
+/// A comma-separated list of Redis URLs; the value is not echoed (it may hold a
+/// password).
+fn url_list(v: &str, flag: &str) -> Result<Vec<String>, String> {
+    let urls: Vec<String> = v.split(',').map(|u| u.trim().to_owned()).collect();
+    for (i, u) in urls.iter().enumerate() {
+        if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
+            return Err(format!(
+                "{flag}: item {} is not a Redis URL (expected redis://host:port[,redis://host:port…])",
+                i + 1
+            ));
+        }
+    }
+    Ok(urls)
 }

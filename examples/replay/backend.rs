@@ -13,8 +13,15 @@ use crate::args::Options;
 /// replica processes).
 #[derive(Clone, Debug)]
 pub struct RedisSettings {
-    /// The server's URL (never printed: it may hold a password).
+    /// The server's URL (never printed: it may hold a password); empty with
+    /// `cluster` or `sentinel`.
     pub url: String,
+    /// Redis Cluster seed nodes; empty: not a cluster.
+    pub cluster: Vec<String>,
+    /// Sentinels and the service they monitor; empty: no Sentinel.
+    pub sentinel: Vec<String>,
+    /// The sentinels' service.
+    pub service: Option<String>,
     /// The key prefix of this run.
     pub key_prefix: String,
     /// The lease TTL.
@@ -28,7 +35,10 @@ impl RedisSettings {
     /// `--key-prefix`, a fresh prefix `replay-<pid>-<nanos>`, so that runs on one
     /// server never see each other's keys (every key botmesh leaves expires on its own).
     pub fn of(o: &Options) -> Option<RedisSettings> {
-        let url = o.redis_url.clone().filter(|_| o.backend == "redis")?;
+        if o.backend != "redis" {
+            return None;
+        }
+        let url = o.redis_url.clone().unwrap_or_default();
         let key_prefix = o.key_prefix.clone().unwrap_or_else(|| {
             let nanos = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -37,6 +47,9 @@ impl RedisSettings {
         });
         Some(RedisSettings {
             url,
+            cluster: o.redis_cluster.clone(),
+            sentinel: o.redis_sentinel.clone(),
+            service: o.sentinel_service.clone(),
             key_prefix,
             lease_ttl: o.lease_ttl.unwrap_or(botmesh::DEFAULT_LEASE_TTL),
             dedup_ids: o.dedup_ids.unwrap_or(botmesh::DEFAULT_DEDUP_IDS),
@@ -70,7 +83,14 @@ pub fn coordinators(
 #[cfg(feature = "redis")]
 pub fn connect(settings: &RedisSettings) -> Result<Arc<dyn Coordinator>, String> {
     use botmesh::redis::{RedisCoordinator, RedisOptions};
-    let options = RedisOptions::new(settings.url.as_str())
+    let base = if !settings.cluster.is_empty() {
+        RedisOptions::cluster(settings.cluster.iter().cloned())
+    } else if let Some(service) = &settings.service {
+        RedisOptions::sentinel(settings.sentinel.iter().cloned(), service.clone())
+    } else {
+        RedisOptions::new(settings.url.as_str())
+    };
+    let options = base
         .with_key_prefix(settings.key_prefix.as_str())
         .with_lease_ttl(settings.lease_ttl)
         .with_dedup_ids(settings.dedup_ids);
@@ -81,7 +101,7 @@ pub fn connect(settings: &RedisSettings) -> Result<Arc<dyn Coordinator>, String>
         match RedisCoordinator::connect(options.clone()) {
             Ok(coordinator) => return Ok(Arc::new(coordinator)),
             Err(e) if std::time::Instant::now() >= deadline => {
-                return Err(format!("--redis-url: cannot use the Redis server: {e}"));
+                return Err(format!("--backend redis: cannot use Redis: {e}"));
             }
             Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
         }

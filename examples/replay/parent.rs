@@ -364,6 +364,11 @@ pub fn replay(o: &Options, settings: &RedisSettings) -> Result<Summary, String> 
         &mut director,
     )?;
     let mut notes = f.notes;
+    // A few examples of each kind of violation, so a run that is not clean says
+    // which runs broke which rule.
+    for v in &f.violations {
+        eprintln!("replay: {v}");
+    }
     if !f.silent.is_empty() {
         notes.push(format!(
             "{} update(s) lost silently (never ended, or answered duplicate with no handled line anywhere), e.g. update_id {}",

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::args::{Options, REDIS_URL_ENV};
+use crate::args::{Options, REDIS_CLUSTER_ENV, REDIS_SENTINEL_ENV, REDIS_URL_ENV};
 use crate::backend::RedisSettings;
 use crate::protocol::FromReplica;
 
@@ -82,6 +82,12 @@ pub fn spawn(
         .arg("--child-replica")
         .arg(name)
         .args(["--backend", "redis"])
+        .args(
+            settings
+                .service
+                .iter()
+                .flat_map(|s| ["--sentinel-service", s.as_str()]),
+        )
         .args(["--key-prefix", &settings.key_prefix])
         .args(["--lease-ttl", &ms(settings.lease_ttl)])
         .args(["--dedup-ids", &settings.dedup_ids.to_string()])
@@ -96,6 +102,8 @@ pub fn spawn(
         // The URL goes through the environment: it may hold a password, and the
         // process list shows arguments to every user.
         .env(REDIS_URL_ENV, &settings.url)
+        .env(REDIS_CLUSTER_ENV, settings.cluster.join(","))
+        .env(REDIS_SENTINEL_ENV, settings.sentinel.join(","))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());

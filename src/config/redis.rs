@@ -41,6 +41,35 @@ struct FileRedis {
     /// of any password in the URL.
     #[serde(default, alias = "password_env", deserialize_with = "env_name")]
     password_env: Option<String>,
+    /// Redis Cluster seed nodes, instead of `url`.
+    #[serde(default)]
+    cluster: Option<Vec<String>>,
+    /// Sentinels and the service they monitor, instead of `url`.
+    #[serde(default)]
+    sentinel: Option<FileSentinel>,
+    /// TLS files for `rediss://`.
+    #[serde(default)]
+    tls: Option<FileTls>,
+}
+
+/// `{"urls": ["redis://…:26379", …], "service": "mymaster"}`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FileSentinel {
+    urls: Vec<String>,
+    service: String,
+}
+
+/// `{"caFile": "…", "clientCert": "…", "clientKey": "…"}`, each optional.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FileTls {
+    #[serde(default, alias = "ca_file")]
+    ca_file: Option<std::path::PathBuf>,
+    #[serde(default, alias = "client_cert")]
+    client_cert: Option<std::path::PathBuf>,
+    #[serde(default, alias = "client_key")]
+    client_key: Option<std::path::PathBuf>,
 }
 
 const REDIS: Shape = Shape {
@@ -52,7 +81,7 @@ const REDIS: Shape = Shape {
 };
 
 /// The message when neither `url` nor `urlEnv` is given (after the map's prefix).
-const URL_MISSING: &str = r#"url: missing; give the Redis server's address, for example "url": "redis://127.0.0.1:6379", or the name of an environment variable holding it, "urlEnv": "BOTMESH_REDIS_URL""#;
+const URL_MISSING: &str = r#"url: missing; give the Redis server's address, for example "url": "redis://127.0.0.1:6379", the name of an environment variable holding it, "urlEnv": "BOTMESH_REDIS_URL", Redis Cluster seed nodes, "cluster": ["redis://127.0.0.1:7000"], or sentinels, "sentinel": {"urls": ["redis://127.0.0.1:26379"], "service": "mymaster"}"#;
 
 impl<'de> Deserialize<'de> for RedisOptions {
     /// Reads an options map such as `{"url": "redis://host:6379", "keyPrefix":
@@ -79,9 +108,40 @@ impl<'de> Deserialize<'de> for RedisOptions {
                     "url, urlEnv: both given; give the URL in one of them".to_owned(),
                 ));
             }
+            (None, None) if file.cluster.is_some() || file.sentinel.is_some() => String::new(),
             (None, None) => return Err(fail(URL_MISSING.to_owned())),
         };
         let mut options = RedisOptions::new(url);
+        if let Some(nodes) = file.cluster {
+            if nodes.is_empty() {
+                return Err(fail(
+                    "cluster: the list of seed nodes is empty; give at least one, such as \
+                     [\"redis://127.0.0.1:7000\"]"
+                        .to_owned(),
+                ));
+            }
+            for (i, url) in nodes.iter().enumerate() {
+                check_url(&format!("cluster[{i}]"), url).map_err(fail)?;
+            }
+            options.cluster = nodes;
+        }
+        if let Some(s) = file.sentinel {
+            for (i, url) in s.urls.iter().enumerate() {
+                check_url(&format!("sentinel.urls[{i}]"), url).map_err(fail)?;
+            }
+            options.sentinel = Some(crate::redis::SentinelOptions {
+                urls: s.urls,
+                service: s.service,
+            });
+        }
+        if let Some(t) = file.tls {
+            options.tls = crate::redis::TlsOptions {
+                ca_file: t.ca_file,
+                client_cert: t.client_cert,
+                client_key: t.client_key,
+            };
+        }
+        crate::redis::check_mode(&options).map_err(fail)?;
         if let Some(var) = file.password_env {
             options = options.with_password_from_env(&var).map_err(fail)?;
         }
@@ -177,8 +237,15 @@ fn check_key_prefix(name: &str, prefix: &str) -> Result<(), String> {
 
 /// Checks Redis options set in code; `prefix` goes before each field name.
 pub(super) fn validate(o: &RedisOptions, prefix: &str) -> Result<(), ConfigError> {
-    check_url(&format!("{prefix}url"), &o.url).map_err(ConfigError::new)?;
-    crate::redis::check_parses(&format!("{prefix}url"), &o.url).map_err(ConfigError::new)?;
+    // An empty URL with no cluster or sentinel either: `check_mode` says what is
+    // missing (one of the three).
+    if !o.url.is_empty() {
+        check_url(&format!("{prefix}url"), &o.url).map_err(ConfigError::new)?;
+    }
+    for (i, url) in o.cluster.iter().enumerate() {
+        check_url(&format!("{prefix}cluster[{i}]"), url).map_err(ConfigError::new)?;
+    }
+    crate::redis::check_mode(o).map_err(|e| ConfigError::new(format!("{prefix}{e}")))?;
     check_key_prefix(&format!("{prefix}keyPrefix"), &o.key_prefix).map_err(ConfigError::new)?;
     check_set::<LeaseTtl>(&format!("{prefix}leaseTtlMs"), o.lease_ttl)?;
     check_set::<Any>(&format!("{prefix}dedupWindowMs"), o.dedup_window)?;

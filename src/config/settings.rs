@@ -120,6 +120,10 @@ pub struct CoordinationConfig {
 /// The backend the replicas of one bot share: a description of one to create
 /// ([`Memory`](Self::Memory), `Redis`), or one already created
 /// ([`Shared`](Self::Shared)). [`build`](Self::build) turns it into a coordinator.
+// The Redis options are the big variant (URLs, cluster seeds, Sentinel, TLS files); a
+// config value is built once at start-up, so its size costs nothing worth a `Box`
+// in the public variant.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 pub enum CoordinatorConfig {
     /// An in-process backend ([`MemoryCoordinator`](crate::MemoryCoordinator)), built

@@ -6,9 +6,10 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{Connection, FromRedisValue, RedisError, Value};
+use redis::{Cmd, FromRedisValue, Value};
 
 use super::keys::{ChatKeys, parse_ticket};
+use super::target::Target;
 use crate::coordinator::{
     BackendError, ChatView, HISTORY, HolderView, LeaderView, LeaseName, MeshView, Previous,
     ReplicaId, lease_name, stored_name,
@@ -125,10 +126,8 @@ pub(super) trait Reads {
     /// The prefix of the replicas' wake channels.
     fn wake_prefix(&self) -> String;
     /// Runs `f` on a pooled connection (with the coordinator's retry).
-    fn read(
-        &self,
-        f: &mut dyn FnMut(&mut Connection) -> Result<Value, RedisError>,
-    ) -> Result<Value, BackendError>;
+    /// Where commands go (one server, or every node of a cluster).
+    fn target(&self) -> &Target;
 }
 
 fn typed<T: FromRedisValue>(v: Value) -> Result<T, BackendError> {
@@ -140,22 +139,33 @@ fn read_chats(r: &impl Reads, stored: &[String]) -> Result<Vec<Read>, BackendErr
     if stored.is_empty() {
         return Ok(Vec::new());
     }
-    let mut pipe = redis::pipe();
-    pipe.cmd("TIME");
+    // Per chat, on its own node (one pipeline per node): that node's time, the state's
+    // holder fields and the queue's length.
+    let mut cmds: Vec<(u16, Cmd)> = Vec::with_capacity(stored.len() * 3);
     for name in stored {
         let keys = ChatKeys::new(r.prefix(), name);
-        pipe.cmd("HMGET").arg(keys.key("s")).arg(&["h", "p"]);
-        pipe.cmd("LLEN").arg(keys.key("q"));
+        let slot = keys.slot();
+        cmds.push((slot, redis::cmd("TIME")));
+        cmds.push((
+            slot,
+            redis::cmd("HMGET")
+                .arg(keys.key("s"))
+                .arg(&["h", "p"])
+                .clone(),
+        ));
+        cmds.push((slot, redis::cmd("LLEN").arg(keys.key("q")).clone()));
     }
-    let replies: Vec<Value> = typed(r.read(&mut |con| pipe.query(con))?)?;
+    let refs: Vec<(u16, &Cmd)> = cmds.iter().map(|(s, c)| (*s, c)).collect();
+    let replies = r
+        .target()
+        .run(&refs)
+        .into_iter()
+        .collect::<Result<Vec<Value>, BackendError>>()?;
     let mut it = replies.into_iter();
-    let (secs, micros): (u64, u64) = typed(
-        it.next()
-            .ok_or_else(|| BackendError::new("short pipeline reply from Redis"))?,
-    )?;
-    let now_us = secs * 1_000_000 + micros;
     let mut out = Vec::with_capacity(stored.len());
-    while let (Some(h), Some(q)) = (it.next(), it.next()) {
+    while let (Some(t), Some(h), Some(q)) = (it.next(), it.next(), it.next()) {
+        let (secs, micros): (u64, u64) = typed(t)?;
+        let now_us = secs * 1_000_000 + micros;
         let fields: Vec<Option<String>> = typed(h)?;
         let fields: [Option<String>; 2] = fields
             .try_into()
@@ -174,8 +184,9 @@ fn read_chats(r: &impl Reads, stored: &[String]) -> Result<Vec<Read>, BackendErr
 /// the walk.
 const SCAN_CALLS: usize = 100;
 
-/// `SCAN … MATCH pattern COUNT n` until the end, until `found` holds `limit` names or
-/// after [`SCAN_CALLS`] calls; returns whether it stopped early.
+/// `SCAN … MATCH pattern COUNT n` on every primary until the end, until `found`
+/// holds `limit` names or after [`SCAN_CALLS`] calls in all; returns whether it
+/// stopped early.
 fn scan_chats(
     r: &impl Reads,
     pattern: &str,
@@ -184,33 +195,41 @@ fn scan_chats(
     found: &mut BTreeSet<String>,
 ) -> Result<bool, BackendError> {
     let prefix = r.prefix();
-    let mut cursor: u64 = 0;
-    for _ in 0..SCAN_CALLS {
-        // Raw bytes: a key under the prefix that is not UTF-8 (not botmesh's) is
-        // skipped rather than failing the whole view.
-        let (next, keys): (u64, Vec<Vec<u8>>) = typed(r.read(&mut |con| {
-            redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT)
-                .query(con)
-        })?)?;
-        for key in keys.into_iter().filter_map(|k| String::from_utf8(k).ok()) {
-            if let Some(name) = suffixes.iter().find_map(|s| chat_of(prefix, &key, s)) {
-                found.insert(name);
+    let mut calls = 0;
+    for node in r.target().primaries() {
+        let mut cursor: u64 = 0;
+        loop {
+            if calls == SCAN_CALLS {
+                return Ok(true);
             }
+            calls += 1;
+            // Raw bytes: a key under the prefix that is not UTF-8 (not botmesh's) is
+            // skipped rather than failing the whole view.
+            let (next, keys): (u64, Vec<Vec<u8>>) =
+                typed(r.target().on_node(&node, &mut |con| {
+                    redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(pattern)
+                        .arg("COUNT")
+                        .arg(SCAN_COUNT)
+                        .query(con)
+                })?)?;
+            for key in keys.into_iter().filter_map(|k| String::from_utf8(k).ok()) {
+                if let Some(name) = suffixes.iter().find_map(|s| chat_of(prefix, &key, s)) {
+                    found.insert(name);
+                }
+            }
+            if found.len() > limit {
+                return Ok(true);
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
         }
-        if found.len() > limit {
-            return Ok(true);
-        }
-        if next == 0 {
-            return Ok(false);
-        }
-        cursor = next;
     }
-    Ok(true)
+    Ok(false)
 }
 
 pub(super) fn inspect_chat(r: &impl Reads, chat: &str) -> Result<ChatView, BackendError> {
@@ -271,18 +290,23 @@ pub(super) fn inspect(r: &impl Reads, limit: usize) -> Result<MeshView, BackendE
     }
     let wake = r.wake_prefix();
     let pattern = format!("{}*", glob_escape(&wake));
-    let channels: Vec<String> = typed(r.read(&mut |con| {
-        redis::cmd("PUBSUB")
-            .arg("CHANNELS")
-            .arg(&pattern)
-            .query(con)
-    })?)?;
-    let mut replicas: Vec<ReplicaId> = channels
+    // A subscriber shows only on the node it is connected to: ask every node.
+    let mut channels: BTreeSet<String> = BTreeSet::new();
+    for node in r.target().all_nodes() {
+        let here: Vec<String> = typed(r.target().on_node(&node, &mut |con| {
+            redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .arg(&pattern)
+                .query(con)
+        })?)?;
+        channels.extend(here);
+    }
+    // Sorted and without repeats (a set).
+    let replicas: Vec<ReplicaId> = channels
         .iter()
         .filter_map(|c| c.strip_prefix(&wake))
         .map(Arc::from)
         .collect();
-    replicas.sort();
     view.replicas = replicas;
     Ok(view)
 }

@@ -26,6 +26,12 @@ impl ChatKeys {
         ChatKeys { base }
     }
 
+    /// The chat's Redis Cluster hash slot: that of its hash tag, shared by every key
+    /// of the chat (the claims and the checkpoint included).
+    pub(super) fn slot(&self) -> u16 {
+        super::node::slot_of(self.base.as_bytes())
+    }
+
     pub(super) fn key(&self, suffix: &str) -> String {
         format!("{}:{suffix}", self.base)
     }

@@ -1,6 +1,6 @@
 //! The turn protocol in Lua: one Redis function library, loaded once and called with `FCALL`.
 
-use redis::Script;
+use redis::{Connection, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind};
 
 pub(super) const PRELUDE: &str = include_str!("scripts.lua");
 
@@ -237,6 +237,26 @@ pub(super) struct Scripts {
     pub(super) check: String,
     pub(super) cancel: String,
     pub(super) write_checkpoint: String,
+}
+
+impl Scripts {
+    /// Loads the library on one server (`FUNCTION LOAD REPLACE`): called on every
+    /// primary at connect and on a node that answered that it lacks it.
+    pub(super) fn load(&self, con: &mut Connection) -> RedisResult<()> {
+        redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(&self.source)
+            .exec(con)
+    }
+
+    /// Whether Redis lacks the function library (a restart without persistence,
+    /// `FUNCTION FLUSH`, or a node that never had it): it is loaded again and the
+    /// call retried.
+    pub(super) fn is_missing(e: &RedisError) -> bool {
+        e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+            || e.to_string().contains("Function not found")
+    }
 }
 
 impl Scripts {

@@ -1,7 +1,12 @@
 //! The Redis URL and password: parsed once, checked at config load, and turned into the
-//! client's connection settings with a password given apart from the URL applied.
+//! client's connection settings with a password given apart from the URL applied; a
+//! server's address and a failure at it as error text.
 
-use redis::{ConnectionInfo, IntoConnectionInfo};
+use std::time::Duration;
+
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError};
+
+use crate::coordinator::BackendError;
 
 /// Parses a Redis URL the way the client will; the error names the field, shows the
 /// URL with any password masked and says what is wrong. `field` goes first.
@@ -49,11 +54,15 @@ fn bad_port(url: &str) -> Option<&str> {
 
 /// The client's connection settings: the URL, with `password` (given apart from the
 /// URL, e.g. from an environment variable) taking the place of any password in it.
-pub(super) fn connection_info(url: &str, password: Option<&str>) -> Result<ConnectionInfo, String> {
-    check_parses("url", url)?;
+pub(super) fn connection_info(
+    field: &str,
+    url: &str,
+    password: Option<&str>,
+) -> Result<ConnectionInfo, String> {
+    check_parses(field, url)?;
     let info = url
         .into_connection_info()
-        .map_err(|e| format!("url: not a usable Redis URL ({e})"))?;
+        .map_err(|e| format!("{field}: not a usable Redis URL ({e})"))?;
     Ok(match password {
         Some(pw) => {
             let settings = info.redis_settings().clone().set_password(pw);
@@ -77,6 +86,32 @@ pub(crate) fn read_env(field: &str, var: &str) -> Result<String, String> {
         Err(std::env::VarError::NotUnicode(_)) => Err(format!(
             "{field}: the environment variable {var:?} is not valid UTF-8"
         )),
+    }
+}
+
+/// `host` and `port` of a TCP address; any other (a socket path) as its text and 0.
+pub(super) fn host_port(addr: &ConnectionAddr) -> (String, u16) {
+    match addr {
+        ConnectionAddr::Tcp(h, p)
+        | ConnectionAddr::TcpTls {
+            host: h, port: p, ..
+        } => (h.clone(), *p),
+        other => (other.to_string(), 0),
+    }
+}
+
+/// A failure as a backend error naming the server (host:port, never the user or
+/// password; RedisError's own text holds neither) and, for a timeout, the timeout.
+pub(super) fn describe_at(server: &str, timeout: Duration, e: &RedisError) -> BackendError {
+    if e.is_timeout() {
+        BackendError::new(format!(
+            "redis at {server}: no reply within the command timeout ({}): {e}",
+            humantime::format_duration(timeout)
+        ))
+    } else if e.is_connection_refusal() {
+        BackendError::new(format!("redis at {server}: cannot connect: {e}"))
+    } else {
+        BackendError::new(format!("redis at {server}: {e}"))
     }
 }
 

@@ -2,6 +2,13 @@
 //!
 //! - [`RedisServer`]: a real `redis-server` on a free loopback port (also used by the
 //!   examples, which include `redis_server.rs` alone);
+//! - `redis_cluster` (feature `redis`): a real Redis Cluster of 3 primaries and 3
+//!   replicas, with failover, SIGKILL and slot migration;
+//! - `redis_tls` (feature `tls`): a TLS-only `redis-server` with certificates made
+//!   by `openssl`;
+//! - `held_chat` (feature `redis`): a held chat with waiters through a server fault,
+//!   and the checks after it;
+//! - `redis_sentinel` (feature `redis`): a primary, a replica and 3 sentinels;
 //! - [`Proxy`]: a loopback TCP proxy that can lose a reply;
 //! - [`serial`]: runs timing-bound tests of one test binary one at a time;
 //! - [`transport`]: the test platform with exclusive sessions and its client provider,
@@ -16,9 +23,17 @@
 
 pub mod fake_telegram;
 #[cfg(feature = "redis")]
+pub mod held_chat;
+#[cfg(feature = "redis")]
 pub mod process;
 pub mod proxy;
+#[cfg(feature = "redis")]
+pub mod redis_cluster;
+#[cfg(feature = "redis")]
+pub mod redis_sentinel;
 pub mod redis_server;
+#[cfg(feature = "tls")]
+pub mod redis_tls;
 pub mod transport;
 
 use std::sync::{Mutex, MutexGuard};

@@ -1,0 +1,116 @@
+//! The wake-up listener of one replica: one connection subscribed to the replica's
+//! wake channel, handing pushed grants to the replica's sink.
+//!
+//! # Why a plain `SUBSCRIBE` works in cluster mode
+//!
+//! The scripts `PUBLISH` a grant on the chat's primary. In Redis Cluster a plain
+//! (not sharded) `PUBLISH` is sent over the cluster bus to every node, primaries and
+//! replicas, so one subscriber connection per replica on any node hears every
+//! grant, whatever slot its chat is in. When that node fails, the listener moves to
+//! the next one (primaries first, then replicas, starting at a place that depends on
+//! the replica so that replicas spread over the nodes) and reads the map again.
+//! Grants published while no connection was subscribed are not lost for good: the
+//! renewal thread's re-check (every TTL/6 while anything waits) finds them. The
+//! price: every wake-up is a bus message to every node. Sharded pub/sub
+//! (`SSUBSCRIBE`) would keep a wake-up on one shard, but needs a channel in the
+//! chat's slot and so one subscription per slot owner per replica; not done.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::keys::parse_grant;
+use super::target::Target;
+use crate::coordinator::GrantSink;
+
+#[derive(Deserialize)]
+struct Wake {
+    c: String,
+    t: String,
+    k: String,
+    pr: String,
+    pk: String,
+}
+
+/// Where the listener starts among the nodes: a hash of the replica id, so replicas
+/// spread over a cluster's nodes.
+pub(super) fn start_for(replica: &str) -> usize {
+    replica.bytes().fold(0usize, |h, b| {
+        h.wrapping_mul(31).wrapping_add(usize::from(b))
+    })
+}
+
+/// What a listener needs.
+pub(super) struct Listen {
+    pub(super) target: Arc<Target>,
+    pub(super) start: usize,
+    pub(super) channel: String,
+    pub(super) sink: GrantSink,
+    pub(super) stop: Arc<AtomicBool>,
+    pub(super) ready: crossbeam_channel::Sender<()>,
+}
+
+/// Receives grants from the wake channel until `stop`; reconnects (to the next node
+/// in cluster mode, to the current primary under Sentinel) with a back-off when the
+/// connection drops.
+pub(super) fn subscriber_loop(l: Listen) {
+    let timeout = l.target.timeout();
+    let mut backoff = Duration::from_millis(50);
+    let mut turn = l.start;
+    let mut failed = false;
+    while !l.stop.load(Ordering::Acquire) {
+        if failed {
+            // A retry back-off, not synchronisation.
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+            turn = turn.wrapping_add(1);
+            l.target.refresh_now();
+        }
+        failed = true;
+        let Some(node) = l.target.listen_candidates(turn).into_iter().next() else {
+            continue;
+        };
+        let mut con = match node.client().get_connection_with_timeout(timeout) {
+            Ok(c) => c,
+            Err(e) => {
+                log::warn!(target: "botmesh::redis", "subscriber cannot connect to {}: {e}", node.addr);
+                continue;
+            }
+        };
+        let mut pubsub = con.as_pubsub();
+        if let Err(e) = pubsub.subscribe(&l.channel) {
+            log::warn!(target: "botmesh::redis", "subscribe at {} failed: {e}", node.addr);
+            continue;
+        }
+        // Short reads, so a stop request is seen quickly.
+        if pubsub
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .is_err()
+        {
+            continue;
+        }
+        backoff = Duration::from_millis(50);
+        let _ = l.ready.try_send(());
+        while !l.stop.load(Ordering::Acquire) {
+            match pubsub.get_message() {
+                Ok(msg) => {
+                    let wake: Result<Wake, _> = serde_json::from_slice(msg.get_payload_bytes());
+                    match wake {
+                        Ok(w) => match parse_grant(&w.t, &w.k, &w.pr, &w.pk) {
+                            Ok(grant) => (l.sink)(&w.c, grant),
+                            Err(e) => log::warn!(target: "botmesh::redis", "bad wake-up: {e}"),
+                        },
+                        Err(e) => log::warn!(target: "botmesh::redis", "bad wake-up: {e}"),
+                    }
+                }
+                Err(e) if e.is_timeout() => {}
+                Err(e) => {
+                    log::warn!(target: "botmesh::redis", "subscriber connection to {} lost, reconnecting: {e}", node.addr);
+                    break;
+                }
+            }
+        }
+    }
+}
