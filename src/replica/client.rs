@@ -433,11 +433,11 @@ impl Inner {
                     let mut table = self.waiting.lock();
                     match answer {
                         Enqueued::InFlight => table.mark_in_flight(seq),
-                        _ => {
-                            // Queuing it refreshed our liveness in the chat.
-                            table.refreshed_chat(chat, sent);
-                            table.mark_placed(seq)
-                        }
+                        // Queuing it refreshed our liveness in the chat, but that is not
+                        // counted for the chat's other tickets: it does not lengthen a
+                        // lease already granted to one of them (bounded by the liveness
+                        // when it was granted), whose wake-up may still be on its way.
+                        _ => table.mark_placed(seq),
                     }
                 };
                 if waiting && matches!(answer, Enqueued::InFlight) {

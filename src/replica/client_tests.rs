@@ -43,7 +43,12 @@ struct Hooked {
     /// `Duplicate` (as a retried call does once the first attempt's ticket was
     /// granted and handled).
     after_enqueue_duplicate: Mutex<Option<Hook>>,
+    /// While set, pushes are kept here (with their sink) instead of delivered: a
+    /// wake-up still on its way.
+    held_pushes: HeldPushes,
 }
+
+type HeldPushes = Arc<Mutex<Option<Vec<(String, Grant, GrantSink)>>>>;
 
 impl Coordinator for Hooked {
     fn backend(&self) -> &'static str {
@@ -53,7 +58,19 @@ impl Coordinator for Hooked {
         self.inner.lease_ttl()
     }
     fn attach(&self, replica: &ReplicaId, sink: GrantSink) -> Result<(), BackendError> {
-        self.inner.attach(replica, sink)
+        let held = self.held_pushes.clone();
+        let forward = sink.clone();
+        let wrapped: GrantSink = Arc::new(move |chat: &str, grant: Grant| {
+            let mut held = held.lock();
+            match held.as_mut() {
+                Some(list) => list.push((chat.to_owned(), grant, forward.clone())),
+                None => {
+                    drop(held);
+                    forward(chat, grant);
+                }
+            }
+        });
+        self.inner.attach(replica, wrapped)
     }
     fn detach(&self, replica: &ReplicaId, held: &[HeldLease<'_>]) -> Result<(), BackendError> {
         self.inner.detach(replica, held)
@@ -152,6 +169,7 @@ impl World {
                 with_held: Mutex::new(None),
                 after_enqueue_fails: Mutex::new(None),
                 after_enqueue_duplicate: Mutex::new(None),
+                held_pushes: Arc::default(),
             }),
         }
     }
@@ -696,4 +714,47 @@ fn a_ticket_gone_after_a_lapse_is_lost_though_a_later_enqueue_refreshed_the_chat
     h_turn.release().expect("h releases");
     tick(&r);
     turn(&later).release().expect("the later message runs");
+}
+
+/// An enqueue refreshes the replica's liveness in the chat but does not lengthen a
+/// lease already granted to another of its tickets there (that lease was bounded by the
+/// liveness at the moment of the grant). A pushed grant read after such an enqueue must
+/// not count its lease from it: counted so, the turn ran past the backend's lease while
+/// the chat went to the next holder (a fence violation in the 1,000-fault run).
+#[test]
+fn an_enqueue_after_a_grant_does_not_lengthen_that_grant() {
+    let w = World::new();
+    let h = w.replica("h");
+    let r = w.replica("r");
+    let x = w.replica("x");
+    let h_turn = turn(&take(&h, "chat", None));
+    let first = take(&r, "chat", None);
+    // 8 s on: r's ticks run but reach nothing (its liveness stays at 10 s).
+    *w.backend.cut_off.lock() = Some(r.id.clone());
+    for step in [3, 3, 2] {
+        w.clock.advance(Duration::from_secs(step));
+        tick(&h);
+        tick(&r);
+        tick(&x);
+    }
+    *w.backend.cut_off.lock() = None;
+    // h hands the chat to `first`; the wake-up is still on its way when r takes in a
+    // later message of the chat.
+    *w.backend.held_pushes.lock() = Some(Vec::new());
+    h_turn.release().expect("h releases");
+    let later = take(&r, "chat", None);
+    let pushes = w.backend.held_pushes.lock().take().unwrap_or_default();
+    for (chat, grant, sink) in pushes {
+        sink(&chat, grant);
+    }
+    let r_turn = turn(&first);
+    // 2.5 s later, past the lease the grant was made with (10 s), x asks for the chat:
+    // the backend moves it on, to `later`.
+    w.clock.advance(Duration::from_millis(2_500));
+    let _x_wait = take(&x, "chat", None);
+    let later_granted = matches!(later.try_recv(), Ok(Ok(_)));
+    assert!(
+        !later_granted || r_turn.is_lost(),
+        "r's first turn still believes it holds the chat while the next one was granted"
+    );
 }

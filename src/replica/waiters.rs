@@ -105,9 +105,11 @@ impl<G> Waiters<G> {
         refreshed
     }
 
-    /// Records that a call sent at `sent` refreshed this replica's liveness in `chat`
-    /// (an enqueue that queued a ticket there, a re-check that found one waiting or
-    /// granted): every ticket of ours there stays alive a TTL from then.
+    /// Records that a re-check sent at `sent` refreshed this replica's liveness in
+    /// `chat` (it found a ticket there waiting, or granted, which it renewed): every
+    /// ticket of ours there stays alive a TTL from then, and a lease granted to one of
+    /// them before lasts as long (the re-check renews a grant to any of them). Not
+    /// an enqueue: it refreshes the liveness but not a lease granted before it.
     pub(crate) fn refreshed_chat(&mut self, chat: &str, sent: Instant) {
         if let Some(c) = self.chats.get_mut(chat) {
             c.refreshed = Some(c.refreshed.map_or(sent, |t| t.max(sent)));
