@@ -272,7 +272,10 @@ pub fn timeout_keeps_order_behind<H: Harness>() {
 /// A handler longer than the lease TTL keeps its turn through renewal; the chat's next
 /// message starts only after it ended.
 pub fn renewal_outlives_ttl<H: Harness>() {
-    let h = H::start(Duration::from_millis(300));
+    // 600 ms: short enough that the handler below outlives three TTLs, long enough
+    // that a renewal delayed by a loaded host (a TLS reconnect, a busy CI machine)
+    // still lands in time; at 300 ms the TLS run lost the lease under load.
+    let h = H::start(Duration::from_millis(600));
     let rec = Recorder::new();
     let (out_tx, out_rx) = unbounded();
     let a = Bot::builder()
@@ -288,8 +291,8 @@ pub fn renewal_outlives_ttl<H: Harness>() {
                     0,
                     String::new(),
                 ));
-                // The handler really runs for 1 s, more than three TTLs.
-                while t0.elapsed() < Duration::from_secs(1) {
+                // The handler really runs for 2 s, more than three TTLs.
+                while t0.elapsed() < Duration::from_secs(2) {
                     thread::park_timeout(Duration::from_millis(50));
                 }
                 assert!(!ctx.turn().is_lost());
