@@ -337,10 +337,21 @@ impl Inner {
             match state {
                 // The re-check renewed it (see `Coordinator::renew`).
                 TicketState::Granted(grant) => {
-                    log::debug!(target: "botmesh::replica", "re-check found grant {} on chat {:?}", grant.ticket, shown_chat(chat));
                     // The check refreshed our liveness in the chat as it found the grant.
                     self.waiting.lock().refreshed_chat(chat, sent);
-                    self.deliver_from(chat, grant, Some(sent));
+                    // The usual case in a busy chat: our own turn there, running. It is
+                    // not news, and routing it would only park it as a suspect to
+                    // drop at the end of the tick.
+                    let running = grant.ticket.seq != *seq
+                        && self
+                            .held
+                            .lock()
+                            .get(&grant.ticket.seq)
+                            .is_some_and(|s| s.token == grant.token);
+                    if !running {
+                        log::debug!(target: "botmesh::replica", "re-check found grant {} on chat {:?}", grant.ticket, shown_chat(chat));
+                        self.deliver_from(chat, grant, Some(sent));
+                    }
                 }
                 TicketState::Waiting => self.waiting.lock().refreshed(*seq, sent),
                 TicketState::Lapsed => {
