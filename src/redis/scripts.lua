@@ -169,8 +169,13 @@ local function grant(chat, t, lease, hist, keep_ms, wake, keep)
 end
 -- Hands a free chat (the caller checked that no live lease holds it) to the first live
 -- ticket in the queue, skipping lapsed ones. Returns the grant or nil.
+-- Pops at most C.n tickets: once the count says the queue is empty the list is not
+-- touched again. On a cluster node whose slot is migrating, a call on a key that is
+-- gone (the last LPOP deleted the list) aborts the function midway with its earlier
+-- writes kept; bounded by the count, only a count that is too high (never seen: both
+-- keys change in the same call) can still reach that.
 local function settle(chat, ttl, hist, keep_ms, wake, keep)
-  while true do
+  while C.n > 0 do
     local t = redis.call('LPOP', C.q)
     if not t then
       set_n(0)
@@ -192,6 +197,7 @@ local function settle(chat, ttl, hist, keep_ms, wake, keep)
       return grant(chat, t, lease, hist, keep_ms, wake, keep)
     end
   end
+  return nil
 end
 -- Evicts the oldest handled marks once there are `high`, down to `low`, raising the
 -- floor of a chat whose numeric ids rise. Called after flush(), with the hash up to

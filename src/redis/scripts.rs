@@ -150,6 +150,9 @@ pub(super) const CHECK: &str = r#"
 local me = replica_of(t)
 load(s, q, {'e', 'a' .. me, 'qe'})
 local seen = C.v['a' .. me]
+-- The count of queued tickets bounds every hand-over; a check is where a count lost
+-- to a restart or a stale replica is repaired (before any pop may empty the list).
+if not held() and C.n == 0 then set_n(redis.call('LLEN', q)) end
 if not held() then settle(chat, ttl, hist, keep_ms, wake, function(x) return x == t end) end
 -- Held by this ticket or another of the caller's: the caller asks about its earliest
 -- ticket by sequence, and one queued again later stands behind later ones.
