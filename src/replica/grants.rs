@@ -132,6 +132,16 @@ impl Inner {
             // most often in a failover, when the new primary may never have seen the
             // grant (asynchronous replication) and grants the chat on; running on what
             // this replica believed of the lease would then overlap the next holder.
+            // Nor is the turn given up: the ticket waits again, and the re-check asks
+            // the backend (the new primary) where it stands, granted, waiting or gone.
+            Err(e) if !self.is_aborted() => {
+                inc(&self.metrics.backend_errors);
+                log::info!(target: "botmesh::replica", "grant {} on chat {chat:?} could not be confirmed ({e}); it waits for the re-check", grant.ticket);
+                if !is_reserved(&w.chat) {
+                    inc(&self.metrics.waiting);
+                }
+                self.waiting.lock().insert(grant.ticket.seq, w);
+            }
             answer => {
                 if answer.is_err() {
                     inc(&self.metrics.backend_errors);
