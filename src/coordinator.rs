@@ -318,6 +318,16 @@ pub trait Coordinator: Send + Sync + 'static {
     /// The TTL of every lease this backend grants.
     fn lease_ttl(&self) -> Duration;
 
+    /// Whether a grant pushed to a [`GrantSink`] must be confirmed with a
+    /// [`renew`](Coordinator::renew) of its lease before its turn runs. A backend
+    /// that counts a write only once its replicas acknowledged it (Redis with
+    /// `wait_replicas`) says `true`: the push leaves before the grant reached them,
+    /// and a failover meanwhile would lose it. Grants in the answers of the calls
+    /// themselves are used as they come. The default is `false`.
+    fn pushes_need_confirmation(&self) -> bool {
+        false
+    }
+
     /// Registers a replica and where its grants are pushed. Replica ids must be unique
     /// among live replicas; a restarted process may reuse its name.
     ///

@@ -1411,6 +1411,45 @@ fn dedup_ids_is_read_checked_and_defaulted() {
     }
 }
 
+/// `waitReplicas` (replicas that must acknowledge each write, Redis) reads as a whole
+/// number from 0 to 100 in either spelling, defaults to 0 (off), and anything else is
+/// refused naming the field and the value.
+#[cfg(feature = "redis")]
+#[test]
+fn wait_replicas_is_read_checked_and_defaulted() {
+    let read = |text: &str| {
+        let config = json(text);
+        let CoordinatorConfig::Redis(options) = &config.coordinator else {
+            panic!("a redis coordinator");
+        };
+        options.wait_replicas
+    };
+    assert_eq!(
+        read(r#"{"coordinator": {"redis": {"url": "redis://h:6379"}}}"#),
+        0
+    );
+    assert_eq!(
+        read(r#"{"coordinator": {"redis": {"url": "redis://h:6379", "waitReplicas": 1}}}"#),
+        1
+    );
+    assert_eq!(
+        read(r#"{"coordinator": {"redis": {"url": "redis://h:6379", "wait_replicas": 2}}}"#),
+        2
+    );
+    json_err(
+        r#"{"coordinator": {"redis": {"url": "redis://h:6379", "waitReplicas": 101}}}"#,
+        &["coordinator.redis.waitReplicas: 101 is out of range"],
+    );
+    json_err(
+        r#"{"coordinator": {"redis": {"url": "redis://h:6379", "waitReplicas": -1}}}"#,
+        &["coordinator.redis.waitReplicas"],
+    );
+    json_err(
+        r#"{"coordinator": {"redis": {"url": "redis://h:6379", "waitReplicas": "1"}}}"#,
+        &["coordinator.redis.waitReplicas", "\"1\" is a string"],
+    );
+}
+
 /// A coordinator built in code with a lease TTL no lease can be held with (the memory
 /// backend raises zero to 1 ms) is refused when the bot is built, naming the field.
 #[test]

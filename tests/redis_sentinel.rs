@@ -79,3 +79,74 @@ fn an_unknown_service_is_reported() {
         .expect_err("refused");
     assert!(e.to_string().contains("\"nosuch\""), "{e}");
 }
+
+/// `wait_replicas`: with the one replica of the set-up acknowledging, turns work as
+/// usual, a pushed grant included (confirmed before use); asking for two replicas,
+/// which the set-up does not have, fails each enqueue with an error naming the
+/// option, and takes in nothing.
+#[test]
+fn wait_replicas_counts_a_write_once_replicated() {
+    use botmesh::{EnqueueRequest, Enqueued, HeldLease, Released, Ticket};
+    let servers = RedisSentinel::start();
+    let with = |n: usize| {
+        let options = RedisOptions::sentinel(servers.sentinel_urls(), SERVICE)
+            .with_lease_ttl(Duration::from_secs(5))
+            .with_command_timeout(Duration::from_millis(400))
+            .with_wait_replicas(n);
+        RedisCoordinator::connect(options).expect("connect")
+    };
+    let c = with(1);
+    assert!(
+        c.pushes_need_confirmation(),
+        "a push leaves before its grant is replicated"
+    );
+    let id: botmesh::ReplicaId = Arc::from("w");
+    c.attach(&id, Arc::new(|_: &str, _| {})).expect("attach");
+    let ticket = |seq| Ticket {
+        replica: id.clone(),
+        seq,
+    };
+    fn request(t: &Ticket) -> EnqueueRequest<'_> {
+        EnqueueRequest {
+            chat: "chat",
+            ticket: t,
+            message_id: None,
+            wait: Duration::from_secs(30),
+        }
+    }
+    let (first, second) = (ticket(1), ticket(2));
+    let Ok(Enqueued::Granted(grant)) = c.enqueue(&request(&first)) else {
+        panic!("a free chat is granted at once, once replicated");
+    };
+    assert!(matches!(c.enqueue(&request(&second)), Ok(Enqueued::Queued)));
+    let lease = HeldLease {
+        chat: "chat",
+        ticket: &first,
+        token: grant.token,
+    };
+    let renewal = c
+        .renew(&id, std::slice::from_ref(&lease), &[])
+        .expect("renew");
+    assert_eq!(renewal.held, [true], "a replicated renewal counts");
+    match c.release(&lease, None).expect("release") {
+        Released::Released { next: Some(next) } => assert_eq!(next.ticket, second),
+        other => panic!("the chat goes to our next ticket, got {other:?}"),
+    }
+
+    let strict = with(2);
+    let e = strict
+        .enqueue(&request(&ticket(3)))
+        .expect_err("two replicas asked for, one there");
+    assert!(
+        e.to_string().contains("wait_replicas") && e.to_string().contains("2 replica(s)"),
+        "{e}"
+    );
+    let e = RedisCoordinator::connect(
+        RedisOptions::sentinel(servers.sentinel_urls(), SERVICE).with_wait_replicas(101),
+    )
+    .expect_err("out of range");
+    assert!(
+        e.to_string().contains("wait_replicas: 101 is out of range"),
+        "{e}"
+    );
+}

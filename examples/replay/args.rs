@@ -38,6 +38,8 @@ options:
   --key-prefix P           Redis key prefix [default: a fresh replay-<pid>-<nanos> per run]
   --dedup-ids N            handled message ids each chat remembers at least (Redis)
                            [default: the library's, 64]
+  --wait-replicas N        replicas that must acknowledge each turn write (Redis
+                           `wait_replicas`; for Sentinel or Cluster with replicas) [default: 0]
   --lease-ttl DURATION     Redis lease TTL, e.g. 10s, 2s (with --backend redis) [default: 10s]
   --processes              run each replica as its own OS process (needs --backend redis);
                            --senders is then the intake threads of each replica process
@@ -111,6 +113,8 @@ pub struct Options {
     pub lease_ttl: Option<Duration>,
     /// The Redis `dedup_ids` option; `None`: the library's default.
     pub dedup_ids: Option<usize>,
+    /// The Redis `wait_replicas` option.
+    pub wait_replicas: usize,
     /// Whether each replica runs as its own OS process.
     pub processes: bool,
     /// With `processes`: SIGKILL one replica once this fraction of the updates was
@@ -157,6 +161,7 @@ impl Options {
             key_prefix: None,
             lease_ttl: None,
             dedup_ids: None,
+            wait_replicas: 0,
             processes: false,
             kill_replica_at: None,
             max_backlog: None,
@@ -297,6 +302,18 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String
                     }
                 }
             }
+            Long("wait-replicas") => {
+                let v = text(&mut parser, "--wait-replicas")?;
+                match v.parse::<usize>() {
+                    Ok(n) if n <= botmesh::redis::MAX_WAIT_REPLICAS => o.wait_replicas = n,
+                    _ => {
+                        return Err(format!(
+                            "--wait-replicas: {v:?} is not a whole number from 0 to {}",
+                            botmesh::redis::MAX_WAIT_REPLICAS
+                        ));
+                    }
+                }
+            }
             Long("lease-ttl") => {
                 let v = text(&mut parser, "--lease-ttl")?;
                 match humantime::parse_duration(&v) {
@@ -390,6 +407,7 @@ fn check_combination(o: &Options) -> Result<(), String> {
         ("--key-prefix", o.key_prefix.is_some()),
         ("--lease-ttl", o.lease_ttl.is_some()),
         ("--dedup-ids", o.dedup_ids.is_some()),
+        ("--wait-replicas", o.wait_replicas > 0),
         ("--processes", o.processes),
         ("--child-replica", o.child_replica.is_some()),
         ("--part", o.part.is_some()),

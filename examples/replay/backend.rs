@@ -28,6 +28,8 @@ pub struct RedisSettings {
     pub lease_ttl: Duration,
     /// Handled message ids each chat remembers at least.
     pub dedup_ids: usize,
+    /// Replicas that must acknowledge each turn write.
+    pub wait_replicas: usize,
 }
 
 impl RedisSettings {
@@ -53,6 +55,7 @@ impl RedisSettings {
             key_prefix,
             lease_ttl: o.lease_ttl.unwrap_or(botmesh::DEFAULT_LEASE_TTL),
             dedup_ids: o.dedup_ids.unwrap_or(botmesh::DEFAULT_DEDUP_IDS),
+            wait_replicas: o.wait_replicas,
         })
     }
 }
@@ -93,7 +96,8 @@ pub fn connect(settings: &RedisSettings) -> Result<Arc<dyn Coordinator>, String>
     let options = base
         .with_key_prefix(settings.key_prefix.as_str())
         .with_lease_ttl(settings.lease_ttl)
-        .with_dedup_ids(settings.dedup_ids);
+        .with_dedup_ids(settings.dedup_ids)
+        .with_wait_replicas(settings.wait_replicas);
     // A replica may start while the server restarts or loads its data (a fault run):
     // keep trying for a while, as a supervisor restarting the process would.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);

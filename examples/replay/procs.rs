@@ -91,6 +91,7 @@ pub fn spawn(
         .args(["--key-prefix", &settings.key_prefix])
         .args(["--lease-ttl", &ms(settings.lease_ttl)])
         .args(["--dedup-ids", &settings.dedup_ids.to_string()])
+        .args(["--wait-replicas", &settings.wait_replicas.to_string()])
         .args(["--workers", &o.workers.to_string()])
         .args(["--senders", &o.senders.to_string()])
         .args(["--turn-wait", &ms(o.turn_wait)])

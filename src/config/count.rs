@@ -1,5 +1,5 @@
-//! The one count setting in files, `dedupIds`: a whole number checked as
-//! [`crate::coordinator`] checks it in code.
+//! The count settings in files, `dedupIds` and `waitReplicas`: whole numbers checked
+//! as the code checks them.
 
 use serde::Deserializer;
 
@@ -17,6 +17,23 @@ pub(super) fn dedup_ids<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>
             Raw::Whole(n) => {
                 let n = usize::try_from(n).unwrap_or(usize::MAX);
                 crate::coordinator::check_dedup_ids(&name, n).map(|()| Some(n))
+            }
+            raw => Err(raw.wrong(&name, expected, false)),
+        }),
+    )
+}
+
+/// Reads `waitReplicas`: a whole number from 0 to [`crate::redis::MAX_WAIT_REPLICAS`],
+/// the replicas that must acknowledge each write.
+pub(super) fn wait_replicas<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    let name = strict::name_or("waitReplicas");
+    let expected = "a whole number of replicas from 0 (off) to 100, such as 1";
+    value::read(
+        d,
+        Scalar(expected, |raw| match raw {
+            Raw::Whole(n) => {
+                let n = usize::try_from(n).unwrap_or(usize::MAX);
+                crate::redis::check_wait_replicas(&name, n).map(|()| Some(n))
             }
             raw => Err(raw.wrong(&name, expected, false)),
         }),

@@ -30,6 +30,12 @@ struct FileRedis {
         deserialize_with = "super::count::dedup_ids"
     )]
     dedup_ids: Option<usize>,
+    #[serde(
+        default,
+        alias = "wait_replicas",
+        deserialize_with = "super::count::wait_replicas"
+    )]
+    wait_replicas: Option<usize>,
     #[serde(default, alias = "command_timeout_ms", alias = "commandTimeout")]
     #[serde(alias = "command_timeout")]
     command_timeout_ms: FileDuration<CommandTimeout>,
@@ -150,6 +156,7 @@ impl<'de> Deserialize<'de> for RedisOptions {
         options = options.with_lease_ttl(ttl);
         options.dedup_window = file.dedup_window_ms.or(options.dedup_window);
         options.dedup_ids = file.dedup_ids.unwrap_or(options.dedup_ids);
+        options.wait_replicas = file.wait_replicas.unwrap_or(options.wait_replicas);
         options.command_timeout = file.command_timeout_ms.or(options.command_timeout);
         Ok(options)
     }
@@ -250,6 +257,8 @@ pub(super) fn validate(o: &RedisOptions, prefix: &str) -> Result<(), ConfigError
     check_set::<LeaseTtl>(&format!("{prefix}leaseTtlMs"), o.lease_ttl)?;
     check_set::<Any>(&format!("{prefix}dedupWindowMs"), o.dedup_window)?;
     crate::coordinator::check_dedup_ids(&format!("{prefix}dedupIds"), o.dedup_ids)
+        .map_err(ConfigError::new)?;
+    crate::redis::check_wait_replicas(&format!("{prefix}waitReplicas"), o.wait_replicas)
         .map_err(ConfigError::new)?;
     check_set::<CommandTimeout>(&format!("{prefix}commandTimeoutMs"), o.command_timeout)?;
     crate::redis::check_timeout_fits_lease(o).map_err(|e| ConfigError::new(format!("{prefix}{e}")))

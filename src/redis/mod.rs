@@ -56,8 +56,8 @@ mod target;
 mod url;
 
 use keys::{ChatKeys, grant_from, ticket_str};
-pub use options::{RedisOptions, SentinelOptions, TlsOptions};
-pub(crate) use options::{check_mode, check_timeout_fits_lease};
+pub use options::{MAX_WAIT_REPLICAS, RedisOptions, SentinelOptions, TlsOptions};
+pub(crate) use options::{check_mode, check_timeout_fits_lease, check_wait_replicas};
 use scripts::Scripts;
 use target::Target;
 pub(crate) use url::{check_parses, read_env};
@@ -143,6 +143,7 @@ impl RedisCoordinator {
         check_timeout_fits_lease(&options).map_err(BackendError::new)?;
         crate::coordinator::check_dedup_ids("dedup_ids", options.dedup_ids)
             .map_err(BackendError::new)?;
+        check_wait_replicas("wait_replicas", options.wait_replicas).map_err(BackendError::new)?;
         let scripts = Arc::new(Scripts::new());
         let loading = scripts.clone();
         let target = connect::target(
@@ -238,6 +239,36 @@ impl RedisCoordinator {
         format!("{}:{{wake}}:", self.options.key_prefix)
     }
 
+    /// `WAIT` after each turn call's pipeline, when `wait_replicas` asks for it: how
+    /// many replicas, and for how long (half the command timeout, so the pipeline's
+    /// reply still arrives within the timeout).
+    fn replicas(&self) -> Option<(u32, u64)> {
+        let n = u32::try_from(self.options.wait_replicas)
+            .ok()
+            .filter(|&n| n > 0)?;
+        let ms = u64::try_from((self.options.command_timeout / 2).as_millis()).unwrap_or(1);
+        Some((n, ms.max(1)))
+    }
+
+    /// One turn call on its chat's primary, followed by `WAIT` when asked: the answer
+    /// and whether enough replicas acknowledged it.
+    fn call_replicated(&self, slot: u16, cmd: &Cmd) -> Result<(Value, bool), BackendError> {
+        self.target
+            .run_replicated(&[(slot, cmd)], self.replicas())
+            .pop()
+            .unwrap_or_else(|| Err(BackendError::new("no reply from Redis")))
+    }
+
+    /// The error of a write the replicas did not acknowledge in time.
+    fn unreplicated(&self, what: &str) -> BackendError {
+        BackendError::new(format!(
+            "{}: {what} was not acknowledged by {} replica(s) within {} (wait_replicas);              it may be applied on the primary only",
+            self.target.label,
+            self.options.wait_replicas,
+            humantime::format_duration(self.options.command_timeout / 2)
+        ))
+    }
+
     fn dedup_on(&self) -> bool {
         !self.options.dedup_window.is_zero()
     }
@@ -291,6 +322,10 @@ impl Coordinator for RedisCoordinator {
 
     fn lease_ttl(&self) -> Duration {
         self.options.lease_ttl
+    }
+
+    fn pushes_need_confirmation(&self) -> bool {
+        self.options.wait_replicas > 0
     }
 
     fn attach(&self, replica: &ReplicaId, sink: GrantSink) -> Result<(), BackendError> {
@@ -374,7 +409,14 @@ impl Coordinator for RedisCoordinator {
             .dedup_window
             .max(req.wait.saturating_add(self.options.lease_ttl));
         cmd.arg(u64::try_from(claim_for.as_millis()).unwrap_or(u64::MAX));
-        let reply = strings(self.target.call(slot, &cmd)?)?;
+        let (reply, replicated) = self.call_replicated(slot, &cmd)?;
+        if !replicated {
+            // Not taken in: the caller treats the message as not accepted. A ticket
+            // left queued on the primary is granted to nobody who waits for it and
+            // released (or lapses with this replica's liveness).
+            return Err(self.unreplicated("the enqueue"));
+        }
+        let reply = strings(reply)?;
         match reply.first().map(String::as_str) {
             Some("granted") => Ok(Enqueued::Granted(grant_from(&reply)?)),
             Some("queued") => Ok(Enqueued::Queued),
@@ -401,7 +443,11 @@ impl Coordinator for RedisCoordinator {
         if let Some(data) = data {
             cmd.arg(data);
         }
-        let applied: i64 = typed(self.target.call(keys.slot(), &cmd)?)?;
+        let (reply, replicated) = self.call_replicated(keys.slot(), &cmd)?;
+        let applied: i64 = typed(reply)?;
+        if applied == 1 && !replicated {
+            return Err(self.unreplicated("the checkpoint write"));
+        }
         Ok(applied == 1)
     }
 
@@ -428,8 +474,11 @@ impl Coordinator for RedisCoordinator {
         let keys = ChatKeys::new(&self.options.key_prefix, w.chat);
         let ticket = ticket_str(w.ticket);
         let (slot, cmd) = self.chat_cmd(&self.scripts.cancel, &keys, w.message_id, w.chat, &ticket);
-        let reply = strings(self.target.call(slot, &cmd)?)?;
+        let (reply, replicated) = self.call_replicated(slot, &cmd)?;
+        let reply = strings(reply)?;
         match reply.first().map(String::as_str) {
+            // A grant the replicas may not have cannot be run on.
+            Some("granted") if !replicated => Err(self.unreplicated("the grant")),
             Some("granted") => Ok(Some(grant_from(&reply)?)),
             Some("cancelled") => Ok(None),
             _ => Err(BackendError::new("unexpected cancel reply from Redis")),
@@ -448,8 +497,14 @@ impl Coordinator for RedisCoordinator {
         cmd.arg(lease.token.to_string())
             .arg(lease.ticket.replica.as_ref())
             .arg(self.options.dedup_ids);
-        let reply = strings(self.target.call(slot, &cmd)?)?;
+        let (reply, replicated) = self.call_replicated(slot, &cmd)?;
+        let reply = strings(reply)?;
         match reply.first().map(String::as_str) {
+            // The hand-over to our own next ticket is not run on until the replicas
+            // have it: the next re-check finds it granted (and waits for them again).
+            Some("released") if reply.len() >= 5 && !replicated => {
+                Ok(Released::Released { next: None })
+            }
             Some("released") if reply.len() >= 5 => Ok(Released::Released {
                 next: Some(grant_from(&reply)?),
             }),
@@ -502,7 +557,7 @@ impl Coordinator for RedisCoordinator {
             ));
         }
         let refs: Vec<(u16, &Cmd)> = cmds.iter().map(|(s, c)| (*s, c)).collect();
-        let replies = self.target.run(&refs);
+        let replies = self.target.run_replicated(&refs, self.replicas());
         // Nothing got through: as with one server, the renewal failed (the replica
         // keeps its leases until they run out). When only some nodes failed (a
         // cluster primary died), the leases there are reported lost (their holder
@@ -513,11 +568,18 @@ impl Coordinator for RedisCoordinator {
         {
             return Err(first.clone());
         }
+        // Nothing acknowledged by the replicas (`wait_replicas`): as good as not sent;
+        // the leases run out at the end this replica already knows.
+        if replies.iter().all(|r| !matches!(r, Ok((_, true)))) {
+            return Err(self.unreplicated("the renewal"));
+        }
         let mut out = Renewal::default();
         let mut it = replies.into_iter();
         for r in it.by_ref().take(held.len()) {
             out.held.push(match r {
-                Ok(v) => typed::<i64>(v)? == 1,
+                // An extension the replicas may not have is not counted: a failover
+                // could bring back the lease's earlier end.
+                Ok((v, replicated)) => typed::<i64>(v)? == 1 && replicated,
                 Err(e) => {
                     log::warn!(target: "botmesh::redis", "renewal: {e}");
                     false
@@ -525,12 +587,14 @@ impl Coordinator for RedisCoordinator {
             });
         }
         for r in it {
-            let Ok(v) = r else {
+            let Ok((v, replicated)) = r else {
                 out.waiting.push(TicketState::Waiting);
                 continue;
             };
             let reply = strings(v)?;
             out.waiting.push(match reply.first().map(String::as_str) {
+                // Asked again next tick, once the replicas may have it.
+                Some("granted") if !replicated => TicketState::Waiting,
                 Some("granted") => TicketState::Granted(grant_from(&reply)?),
                 Some("waiting") => TicketState::Waiting,
                 Some("lapsed") => TicketState::Lapsed,

@@ -41,6 +41,22 @@ pub struct RedisOptions {
     /// chat's state hash keeps its newest `dedup_ids` to 1.5 × `dedup_ids` handled
     /// ids. Replicas sharing a server may differ; each release applies its own.
     pub dedup_ids: usize,
+    /// How many replicas of a chat's primary must hold a write before it counts
+    /// (`waitReplicas` in files; 0 to [`MAX_WAIT_REPLICAS`], default 0: off). With
+    /// `n > 0` every enqueue, release, renewal, re-check, cancel and checkpoint write
+    /// is followed, in the same pipeline, by `WAIT n ms` (ms: half the command
+    /// timeout), and a pushed grant is confirmed with one renewal before use:
+    /// an enqueue the replicas did not acknowledge in time fails (the message is not
+    /// taken in), a renewal, re-check or confirmation counts as not made (the lease
+    /// runs out at its known end, a waiter keeps waiting), a checkpoint write
+    /// fails. So a failover (Sentinel or Cluster) that promotes a replica with every
+    /// acknowledged write loses no grant, lease extension or accepted message. It
+    /// costs no round trip on the uncontended path, one more round trip for a grant
+    /// pushed from another replica, and the replicas' acknowledgement time on every
+    /// call; with fewer than `n` replicas connected every such call fails.
+    /// Asynchronous replication and `WAIT` are Redis' own (see the `WAIT` command);
+    /// the lost-write window it closes is described in the README's *Scaling out*.
+    pub wait_replicas: usize,
     /// Connect, read and write timeout of every Redis call. Default 2 s, or a third of
     /// the lease TTL when that is shorter (set through
     /// [`with_lease_ttl`](RedisOptions::with_lease_ttl)); must stay under half the
@@ -109,10 +125,25 @@ impl std::fmt::Debug for RedisOptions {
             .field("lease_ttl", &self.lease_ttl)
             .field("dedup_window", &self.dedup_window)
             .field("dedup_ids", &self.dedup_ids)
+            .field("wait_replicas", &self.wait_replicas)
             .field("command_timeout", &self.command_timeout)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .finish()
     }
+}
+
+/// The largest accepted [`RedisOptions::wait_replicas`]: 100 (a guard against a typo;
+/// a primary with more replicas than that is not a set-up `WAIT` on every call suits).
+pub const MAX_WAIT_REPLICAS: usize = 100;
+
+/// Checks a `wait_replicas` setting; the error names `field` and the value.
+pub(crate) fn check_wait_replicas(field: &str, n: usize) -> Result<(), String> {
+    if n > MAX_WAIT_REPLICAS {
+        return Err(format!(
+            "{field}: {n} is out of range; expected how many replicas must acknowledge each              write, from 0 (off) to {MAX_WAIT_REPLICAS}, such as 1"
+        ));
+    }
+    Ok(())
 }
 
 /// The default command timeout: 2 s.
@@ -247,6 +278,7 @@ impl RedisOptions {
             lease_ttl: DEFAULT_LEASE_TTL,
             dedup_window: DEFAULT_DEDUP_WINDOW,
             dedup_ids: DEFAULT_DEDUP_IDS,
+            wait_replicas: 0,
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             password: None,
         }
@@ -336,6 +368,13 @@ impl RedisOptions {
     /// Sets the duplicate-suppression window.
     pub fn with_dedup_window(mut self, window: Duration) -> Self {
         self.dedup_window = window;
+        self
+    }
+
+    /// Sets [`wait_replicas`](Self::wait_replicas), checked at
+    /// [`RedisCoordinator::connect`](super::RedisCoordinator::connect).
+    pub fn with_wait_replicas(mut self, n: usize) -> Self {
+        self.wait_replicas = n;
         self
     }
 

@@ -464,6 +464,34 @@ impl Target {
     /// round (see the module docs); the answers in order, each its own success or
     /// failure.
     pub(super) fn run(&self, cmds: &[(u16, &Cmd)]) -> Vec<Result<Value, BackendError>> {
+        self.run_replicated(cmds, None)
+            .into_iter()
+            .map(|r| r.map(|(v, _)| v))
+            .collect()
+    }
+
+    /// As [`run`](Self::run), and with `replicas` = `Some((n, ms))` each node's pipeline
+    /// ends with `WAIT n ms`: an answer comes with `true` when at least `n` replicas
+    /// of its node acknowledged it (and every write the node made before it) within
+    /// `ms`, `false` when they did not (the write stands on the primary, and a
+    /// failover may lose it). With `None` every answer comes with `true`.
+    pub(super) fn run_replicated(
+        &self,
+        cmds: &[(u16, &Cmd)],
+        replicas: Option<(u32, u64)>,
+    ) -> Vec<Result<(Value, bool), BackendError>> {
+        let mut trailer = Vec::new();
+        if let Some((n, ms)) = replicas {
+            redis::cmd("WAIT")
+                .arg(n)
+                .arg(ms)
+                .write_packed_command(&mut trailer);
+        }
+        let mut durable = vec![replicas.is_none(); cmds.len()];
+        // Some node's replicas did not acknowledge: it may be a primary the others
+        // left behind (a Sentinel failover promotes a replica and demotes the old
+        // primary only later), so the map is read again once the call is over.
+        let mut short = false;
         let started = Instant::now();
         let mut out: Vec<Option<Result<Value, BackendError>>> =
             (0..cmds.len()).map(|_| None).collect();
@@ -517,6 +545,7 @@ impl Target {
                     }
                     cmds[i].1.write_packed_command(&mut packed);
                 }
+                packed.extend_from_slice(&trailer);
                 let con = node
                     .take(self.connect_timeout(), self.timeout)
                     .and_then(|mut con| {
@@ -536,6 +565,7 @@ impl Target {
                 }
             }
             for (node, ids, mut con) in sent {
+                let mut answered = Vec::new();
                 for &i in &ids {
                     let was_asking = asking.remove(&i).is_some();
                     let reply = match con.as_mut() {
@@ -554,7 +584,10 @@ impl Target {
                     };
                     let verdict = self.judge(reply);
                     match verdict {
-                        Verdict::Done(Ok(v)) => out[i] = Some(Ok(v)),
+                        Verdict::Done(Ok(v)) => {
+                            answered.push(i);
+                            out[i] = Some(Ok(v));
+                        }
                         Verdict::Done(Err(e)) => {
                             out[i] = Some(Err(describe_at(&node.addr, self.timeout, &e)))
                         }
@@ -618,6 +651,24 @@ impl Target {
                         }
                     }
                 }
+                if let (Some((n, _)), Some(c)) = (replicas, con.as_mut()) {
+                    // How many replicas have this pipeline's writes; a failed read
+                    // leaves the answers counted as not replicated.
+                    match c.recv_response().and_then(Value::extract_error) {
+                        Ok(Value::Int(got)) if got >= i64::from(n) => {
+                            for &i in &answered {
+                                durable[i] = true;
+                            }
+                        }
+                        Ok(_) => short = true,
+                        Err(e) => {
+                            short = true;
+                            log::debug!(target: "botmesh::redis", "WAIT at {}: {e}", node.addr);
+                            con = None;
+                            node.clear();
+                        }
+                    }
+                }
                 if let Some(c) = con {
                     node.give(c);
                 }
@@ -651,13 +702,20 @@ impl Target {
                 wait *= 2;
             }
         }
+        if short {
+            self.refresh_now();
+        }
         for i in pending {
             out[i] = Some(Err(last_err.remove(&i).unwrap_or_else(|| {
                 BackendError::new(format!("{}: no answer", self.label))
             })));
         }
         out.into_iter()
-            .map(|o| o.unwrap_or_else(|| Err(BackendError::new("no reply from Redis"))))
+            .zip(durable)
+            .map(|(o, d)| {
+                o.unwrap_or_else(|| Err(BackendError::new("no reply from Redis")))
+                    .map(|v| (v, d))
+            })
             .collect()
     }
 

@@ -91,6 +91,9 @@ pub(crate) struct Inner {
     /// before the backend's clock (on another host, running a little faster) could
     /// give the chat to someone else.
     pub(crate) trusted: Duration,
+    /// The backend's [`Coordinator::pushes_need_confirmation`], read once: a pushed
+    /// grant then always costs a confirming renewal before it runs.
+    pub(super) confirm_pushes: bool,
     /// When the renewal thread last started a tick ([`clock_ns`]). A grant pushed
     /// while it has been silent for over a renewal period may have sat unread while
     /// this process was paused or starved, and lapsed meanwhile: it is confirmed with
@@ -160,6 +163,7 @@ impl Inner {
             )));
         }
         let ttl = coordinator.lease_ttl();
+        let confirm_pushes = coordinator.pushes_need_confirmation();
         // Tickets of a restarted replica that reuses its id must not repeat the dead
         // incarnation's: start from the wall clock in ns.
         let first_seq = std::time::SystemTime::now()
@@ -172,6 +176,7 @@ impl Inner {
             metrics,
             ttl,
             trusted: ttl.saturating_sub(drift),
+            confirm_pushes,
             last_tick: AtomicU64::new(clock_ns(clock.now())),
             confirm_until: AtomicU64::new(0),
             ticking: AtomicBool::new(false),
@@ -192,7 +197,7 @@ impl Inner {
         let weak: Weak<Inner> = Arc::downgrade(&inner);
         let sink: crate::coordinator::GrantSink = Arc::new(move |chat: &str, grant: Grant| {
             if let Some(inner) = weak.upgrade() {
-                inner.deliver(chat, grant);
+                inner.deliver_pushed(chat, grant);
             }
         });
         inner.coordinator.attach(&inner.id, sink)?;
@@ -240,7 +245,7 @@ impl Inner {
                 Ok(Some(grant)) => {
                     // Granted meanwhile: it may as well run.
                     let chat = w.chat.clone();
-                    self.use_grant(&chat, w, grant, None);
+                    self.use_grant(&chat, w, grant, None, false);
                     continue;
                 }
                 Ok(None) => {}
@@ -640,7 +645,7 @@ impl Inner {
         match self.coordinator.cancel(&waiting) {
             Ok(Some(grant)) => {
                 let chat = w.chat.clone();
-                self.use_grant(&chat, w, grant, None);
+                self.use_grant(&chat, w, grant, None, false);
             }
             Ok(None) => {
                 inc(&self.metrics.timed_out);

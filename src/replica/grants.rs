@@ -49,18 +49,32 @@ impl Inner {
     /// Routes a grant heard of after the fact (a push, the re-check, a cancel that
     /// found it granted) to its waiter; a grant nobody waits for is released.
     pub(crate) fn deliver(self: &Arc<Self>, chat: &str, grant: Grant) {
-        self.deliver_from(chat, grant, None);
+        self.route(chat, grant, None, false);
+    }
+
+    /// Routes a grant the backend pushed; confirmed before use when the backend asks
+    /// for it ([`Coordinator::pushes_need_confirmation`]).
+    ///
+    /// [`Coordinator::pushes_need_confirmation`]: crate::Coordinator::pushes_need_confirmation
+    pub(crate) fn deliver_pushed(self: &Arc<Self>, chat: &str, grant: Grant) {
+        self.route(chat, grant, None, self.confirm_pushes);
     }
 
     /// Routes a grant to its waiter. `sent` is given for a grant made fresh in the
     /// reply to our own call sent then (a release handing the chat on to another of
     /// our tickets): the backend gave it a full TTL after that.
     pub(crate) fn deliver_from(self: &Arc<Self>, chat: &str, grant: Grant, sent: Option<Instant>) {
+        self.route(chat, grant, sent, false);
+    }
+
+    /// Routes a grant to its waiter (`confirm`: with a confirming renewal first,
+    /// however much of its lease is left).
+    fn route(self: &Arc<Self>, chat: &str, grant: Grant, sent: Option<Instant>, confirm: bool) {
         if self.is_aborted() {
             return;
         }
         match self.take_in_hand(grant.ticket.seq) {
-            Some((w, _in_hand)) => self.use_grant(chat, w, grant, sent),
+            Some((w, _in_hand)) => self.use_grant(chat, w, grant, sent, confirm),
             None => {
                 // The same grant reached us twice (a push, a release's reply, the
                 // re-check, a cancel that found it granted); whoever took the waiter
@@ -92,13 +106,14 @@ impl Inner {
     /// Hands `grant` to `w`, the waiter taken for it, with the lease's end by our
     /// clock; a grant with too little left (or read while this process was stalled)
     /// is confirmed with one renewal round trip first, and reported lost if it
-    /// lapsed. `sent` as in [`Inner::deliver_from`].
+    /// lapsed. `sent` as in [`Inner::deliver_from`]; `confirm`: confirmed anyway.
     pub(super) fn use_grant(
         self: &Arc<Self>,
         chat: &str,
         w: Waiter,
         grant: Grant,
         sent: Option<Instant>,
+        confirm: bool,
     ) {
         let now = self.clock.now();
         let now_ns = clock_ns(now);
@@ -112,7 +127,7 @@ impl Inner {
         let stalled = u128::from(silent) > period(self.ttl).as_nanos()
             || now_ns < self.confirm_until.load(Ordering::Acquire);
         // Too little left to reach the next renewal: confirm it now instead.
-        if !stalled && until >= now + period(self.ttl) {
+        if !stalled && !confirm && until >= now + period(self.ttl) {
             return self.grant_to(w, grant, true, until);
         }
         // Possibly read long after it was sent: ask the backend.
