@@ -240,7 +240,7 @@ def worker_args(workload, p, replica, port, out):
             "--deadline-ms", str(p["deadline_ms"]), "--out", out]
 
 
-def run_once(server, workdir, peer, command, workload, p):
+def run_once(server, workdir, peer, command, workload, p, rep):
     """Starts the workers, gives GO, collects their files. Returns (files, notes, info)."""
     server.client.call("FLUSHALL")
     before = server.client.info("stats")
@@ -248,10 +248,10 @@ def run_once(server, workdir, peer, command, workload, p):
     workers = []
     try:
         for i in range(p["processes"]):
-            out = os.path.join(workdir, f"{peer}-{workload}-r{i}.json")
+            out = os.path.join(workdir, f"{peer}-{workload}-{rep}-r{i}.json")
             if os.path.exists(out):
                 os.remove(out)
-            err = os.path.join(workdir, f"{peer}-{workload}-r{i}.stderr")
+            err = os.path.join(workdir, f"{peer}-{workload}-{rep}-r{i}.stderr")
             cmd = command + worker_args(workload, p, i, server.port, out)
             workers.append(Worker(cmd, out, err))
         until = time.monotonic() + READY_TIMEOUT_S
@@ -280,6 +280,7 @@ def run_once(server, workdir, peer, command, workload, p):
     after = server.client.info("stats")
     info = {
         "loadavg_before": load,
+        "loadavg_after": loadavg(),
         "redis_commands": int(after.get("total_commands_processed", 0))
         - int(before.get("total_commands_processed", 0)) - 1,  # less our own INFO
         "redis_reads": int(after.get("total_reads_processed", 0))
@@ -361,7 +362,7 @@ def figures_w3(samples, p):
     for i, s in enumerate(grants):
         mine[s[5]].append(i)
 
-    handoffs, fifo_hits, choices = [], 0, 0
+    handoffs, fifo_hits, choices, misses = [], 0, 0, []
     for i in range(1, len(grants)):
         released = grants[i - 1]
         # Who was waiting when grant i-1 was released: each other worker's next grant from
@@ -382,6 +383,12 @@ def figures_w3(samples, p):
         if len(waiting) >= 2 or i not in waiting:
             choices += 1
             fifo_hits += int(i == longest)
+            if i != longest and len(misses) < 5:
+                # How much earlier the passed-over worker had asked: a few µs means two
+                # asks that crossed on their way to the lock, not an unfair grant.
+                misses.append({"seq": grants[i][4], "to": grants[i][5],
+                               "longest": grants[longest][5],
+                               "asked_earlier_us": us(grants[i][0] - grants[longest][0])})
 
     streak, best = 0, 0
     for i, s in enumerate(grants):
@@ -400,6 +407,7 @@ def figures_w3(samples, p):
         "extra": {
             "fifo_grant_pct": round(100.0 * fifo_hits / choices, 2) if choices else None,
             "fifo_choices": choices,
+            "fifo_misses": misses,
             "handoffs": len(hand),
             "handoff_max_us": us(hand[-1]) if hand else None,
             "wait_p50_us": us(percentile(waits, 50)),
@@ -413,8 +421,8 @@ def figures_w3(samples, p):
     }
 
 
-def measure(server, workdir, peer, command, workload, p):
-    files, notes, info = run_once(server, workdir, peer, command, workload, p)
+def measure(server, workdir, peer, command, workload, p, rep="rep1"):
+    files, notes, info = run_once(server, workdir, peer, command, workload, p, rep)
     samples, counters, versions = gather(files)
     peer_names = sorted({f.get("peer", "?") for f in files})
     if peer_names != [peer]:
@@ -451,7 +459,7 @@ def measure(server, workdir, peer, command, workload, p):
                  versions=versions, redis_version=server.version,
                  redis_commands_per_op=round(info["redis_commands"] / len(samples), 2),
                  redis_reads_per_op=round(info["redis_reads"] / len(samples), 2),
-                 loadavg_before=info["loadavg_before"])
+                 loadavg_before=info["loadavg_before"], loadavg_after=info["loadavg_after"])
     rec.update(fig)
     rec["exclusion_violations"] = violations
     rec["notes"] = "; ".join(notes)
@@ -555,12 +563,13 @@ def main():
     try:
         with open(a.out, "a") as out:
             for rep in range(a.repeat):
-                for workload, names, p in jobs:
+                for ji, (workload, names, p) in enumerate(jobs):
                     shift = rep % len(names)
                     for peer in names[shift:] + names[:shift]:
                         t0 = time.monotonic()
                         try:
-                            rec = measure(server, workdir, peer, peers[peer], workload, p)
+                            rec = measure(server, workdir, peer, peers[peer], workload, p,
+                                          f"job{ji + 1}-rep{rep + 1}")
                         except RuntimeError as e:
                             print(f"# {workload} {peer}: FAILED: {e}", file=sys.stderr)
                             continue
