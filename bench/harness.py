@@ -244,6 +244,7 @@ def run_once(server, workdir, peer, command, workload, p, rep):
     """Starts the workers, gives GO, collects their files. Returns (files, notes, info)."""
     server.client.call("FLUSHALL")
     before = server.client.info("stats")
+    cpu_before = server.client.info("cpu")
     notes = []
     workers = []
     try:
@@ -278,11 +279,17 @@ def run_once(server, workdir, peer, command, workload, p, rep):
         for w in workers:
             w.stop()
     after = server.client.info("stats")
+    cpu_after = server.client.info("cpu")
+
+    def cpu_s(d):
+        return float(d.get("used_cpu_sys", 0)) + float(d.get("used_cpu_user", 0))
+
     info = {
+        "redis_cpu_s": cpu_s(cpu_after) - cpu_s(cpu_before),
         "loadavg_before": load,
         "loadavg_after": loadavg(),
         "redis_commands": int(after.get("total_commands_processed", 0))
-        - int(before.get("total_commands_processed", 0)) - 1,  # less our own INFO
+        - int(before.get("total_commands_processed", 0)) - 2,  # less our two INFO calls
         "redis_reads": int(after.get("total_reads_processed", 0))
         - int(before.get("total_reads_processed", 0)),
     }
@@ -459,6 +466,7 @@ def measure(server, workdir, peer, command, workload, p, rep="rep1"):
                  versions=versions, redis_version=server.version,
                  redis_commands_per_op=round(info["redis_commands"] / len(samples), 2),
                  redis_reads_per_op=round(info["redis_reads"] / len(samples), 2),
+                 redis_cpu_us_per_op=round(info["redis_cpu_s"] * 1e6 / len(samples), 1),
                  loadavg_before=info["loadavg_before"], loadavg_after=info["loadavg_after"])
     rec.update(fig)
     rec["exclusion_violations"] = violations
