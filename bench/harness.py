@@ -181,6 +181,7 @@ class Worker:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.err, start_new_session=True)
         self.lines = []
+        self.cpu_s = None
         self.cv = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -210,11 +211,21 @@ class Worker:
         self.proc.stdin.flush()
 
     def finish(self, until: float) -> int | None:
-        try:
-            return self.proc.wait(max(0.1, until - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            self.stop()
-            return None
+        """Reaps the worker with wait4 to learn its CPU time (user + system, its threads
+        included); stops it at `until`."""
+        while True:
+            try:
+                pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
+            except ChildProcessError:
+                return self.proc.returncode
+            if pid:
+                self.cpu_s = usage.ru_utime + usage.ru_stime
+                self.proc.returncode = os.waitstatus_to_exitcode(status)
+                return self.proc.returncode
+            if time.monotonic() >= until:
+                self.stop()
+                return None
+            time.sleep(0.01)
 
     def stop(self):
         if self.proc.poll() is None:
@@ -265,9 +276,11 @@ def run_once(server, workdir, peer, command, workload, p, rep):
             w.go()
         until = time.monotonic() + p["deadline_ms"] / 1000 + 60
         files = []
+        cpu = 0.0
         for w in workers:
             done = w.wait_for("DONE", until)
             rc = w.finish(until)
+            cpu = None if cpu is None or w.cpu_s is None else cpu + w.cpu_s
             if not done or rc != 0:
                 notes.append(f"worker exit {rc}, DONE {'seen' if done else 'missing'}")
             try:
@@ -285,6 +298,7 @@ def run_once(server, workdir, peer, command, workload, p, rep):
         return float(d.get("used_cpu_sys", 0)) + float(d.get("used_cpu_user", 0))
 
     info = {
+        "workers_cpu_s": cpu,
         "redis_cpu_s": cpu_s(cpu_after) - cpu_s(cpu_before),
         "loadavg_before": load,
         "loadavg_after": loadavg(),
@@ -467,6 +481,8 @@ def measure(server, workdir, peer, command, workload, p, rep="rep1"):
                  redis_commands_per_op=round(info["redis_commands"] / len(samples), 2),
                  redis_reads_per_op=round(info["redis_reads"] / len(samples), 2),
                  redis_cpu_us_per_op=round(info["redis_cpu_s"] * 1e6 / len(samples), 1),
+                 workers_cpu_us_per_op=(None if info["workers_cpu_s"] is None else
+                                        round(info["workers_cpu_s"] * 1e6 / len(samples), 1)),
                  loadavg_before=info["loadavg_before"], loadavg_after=info["loadavg_after"])
     rec.update(fig)
     rec["exclusion_violations"] = violations
