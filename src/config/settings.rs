@@ -146,6 +146,11 @@ pub enum CoordinatorConfig {
     ///   and write timeout of every Redis call, at least 1 ms, default 2 s).
     /// - `dedupIds`: handled message ids each chat remembers at least (1 to 10,000,
     ///   default 64; see [`MemoryOptions::dedup_ids`]).
+    /// - `waitReplicas`: replicas that must acknowledge each turn write before it
+    ///   counts (0 to 100, default 0: off; see
+    ///   [`RedisOptions::wait_replicas`](crate::redis::RedisOptions::wait_replicas)).
+    /// - `cluster`, `sentinel`, `tls`, `urlEnv`, `passwordEnv`: see the README's
+    ///   *Configuration* table.
     ///
     /// Loading does not connect; [`build`](Self::build) (and so starting a bot) does.
     /// A format crate may quote the source around an error (`toml::de::Error`'s
