@@ -529,19 +529,26 @@ impl RedisCluster {
         out
     }
 
-    /// `calls` of every command on the node on `port` (`INFO commandstats`).
-    pub fn command_calls(&self, port: u16) -> u64 {
-        let text: String = query(port, redis::cmd("INFO").arg("commandstats")).expect("INFO");
+    /// Zeroes the node's statistics (`CONFIG RESETSTAT`).
+    pub fn reset_stats(&self, port: u16) {
+        let _: () = query(port, redis::cmd("CONFIG").arg("RESETSTAT")).expect("CONFIG RESETSTAT");
+    }
+
+    /// A counter of `INFO <section>` on the node on `port`, such as
+    /// `total_reads_processed` of `stats`; for `commandstats`, the `calls` of command
+    /// `field` (`fcall`).
+    pub fn info_count(&self, port: u16, section: &str, field: &str) -> u64 {
+        let text: String = query(port, redis::cmd("INFO").arg(section)).expect("INFO");
         text.lines()
-            .filter_map(|l| {
-                l.split_once("calls=")?
-                    .1
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
+            .find_map(|l| {
+                if section == "commandstats" {
+                    let rest = l.strip_prefix(&format!("cmdstat_{field}:calls="))?;
+                    rest.split(',').next()?.parse().ok()
+                } else {
+                    l.strip_prefix(&format!("{field}:"))?.trim().parse().ok()
+                }
             })
-            .sum()
+            .unwrap_or(0)
     }
 }
 
