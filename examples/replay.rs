@@ -694,6 +694,7 @@ fn replay(o: &Options, redis: Option<&RedisSettings>) -> Result<Summary, String>
         notes,
         redis: redis.map(|r| RedisFacts {
             mode: "threads",
+            servers: r.describe(),
             key_prefix: r.key_prefix.clone(),
             lease_ttl_ms: r.lease_ttl.as_millis(),
             ..RedisFacts::default()

@@ -1450,6 +1450,34 @@ fn wait_replicas_is_read_checked_and_defaulted() {
     );
 }
 
+/// The Redis Cluster and Sentinel maps of another shape are refused naming the field,
+/// never quoting a value (a URL may hold a password); a cluster URL with a database
+/// other than 0 (Redis Cluster has only database 0) is refused at load.
+#[cfg(feature = "redis")]
+#[test]
+fn cluster_and_sentinel_of_the_wrong_shape_are_named() {
+    json_err(
+        r#"{"coordinator": {"redis": {"cluster": "redis://u:secret@h:7000"}}}"#,
+        &["coordinator.redis.cluster: expected a list of seed node URLs"],
+    );
+    let e = CoordinationConfig::from_json_str(
+        r#"{"coordinator": {"redis": {"cluster": "redis://u:secret@h:7000"}}}"#,
+    )
+    .expect_err("refused");
+    assert!(!e.to_string().contains("secret"), "{e}");
+    json_err(
+        r#"{"coordinator": {"redis": {"sentinel": {"urls": ["redis://h:26379"]}}}}"#,
+        &[
+            "coordinator.redis.sentinel: missing field `service`",
+            "\"service\"",
+        ],
+    );
+    json_err(
+        r#"{"coordinator": {"redis": {"cluster": ["redis://h:7000/3"]}}}"#,
+        &["cluster[0]: database 3 was asked for", "database 0 only"],
+    );
+}
+
 /// A coordinator built in code with a lease TTL no lease can be held with (the memory
 /// backend raises zero to 1 ms) is refused when the bot is built, naming the field.
 #[test]

@@ -33,6 +33,22 @@ pub struct RedisSettings {
 }
 
 impl RedisSettings {
+    /// Which servers the run uses, for its summary: `one server`, `cluster (2 seed
+    /// nodes)` or `sentinel service "mymaster"`, and `wait_replicas N` when set.
+    pub fn describe(&self) -> String {
+        let servers = if !self.cluster.is_empty() {
+            format!("cluster ({} seed nodes)", self.cluster.len())
+        } else if let Some(service) = &self.service {
+            format!("sentinel service {service:?}")
+        } else {
+            "one server".to_owned()
+        };
+        match self.wait_replicas {
+            0 => servers,
+            n => format!("{servers}, wait_replicas {n}"),
+        }
+    }
+
     /// The settings `o` asks for; `None` for the memory backend. Without
     /// `--key-prefix`, a fresh prefix `replay-<pid>-<nanos>`, so that runs on one
     /// server never see each other's keys (every key botmesh leaves expires on its own).

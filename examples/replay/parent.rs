@@ -389,6 +389,7 @@ pub fn replay(o: &Options, settings: &RedisSettings) -> Result<Summary, String> 
         notes: notes.join("; "),
         redis: Some(RedisFacts {
             mode: "processes",
+            servers: settings.describe(),
             key_prefix: settings.key_prefix.clone(),
             lease_ttl_ms: settings.lease_ttl.as_millis(),
             kill_replica_at: o.kill_replica_at,

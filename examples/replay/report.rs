@@ -462,6 +462,8 @@ impl Summary {
 pub struct RedisFacts {
     /// `threads` (replicas in this process) or `processes` (one OS process each).
     pub mode: &'static str,
+    /// Which servers: one, a cluster, or a Sentinel service (and `wait_replicas`).
+    pub servers: String,
     /// The key prefix the run used.
     pub key_prefix: String,
     /// The lease TTL, ms.
@@ -570,8 +572,8 @@ impl Summary {
         );
         if let Some(r) = &self.redis {
             s.push_str(&format!(
-                "  redis        key prefix {}, lease TTL {} ms\n",
-                r.key_prefix, r.lease_ttl_ms
+                "  redis        {}, key prefix {}, lease TTL {} ms\n",
+                r.servers, r.key_prefix, r.lease_ttl_ms
             ));
             if r.mode == "processes" {
                 let killed = match (&r.killed, r.kill_replica_at) {

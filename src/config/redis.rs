@@ -48,10 +48,10 @@ struct FileRedis {
     #[serde(default, alias = "password_env", deserialize_with = "env_name")]
     password_env: Option<String>,
     /// Redis Cluster seed nodes, instead of `url`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "seed_list")]
     cluster: Option<Vec<String>>,
     /// Sentinels and the service they monitor, instead of `url`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "sentinel")]
     sentinel: Option<FileSentinel>,
     /// TLS files for `rediss://`.
     #[serde(default)]
@@ -176,6 +176,37 @@ fn url<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
             raw => Err(raw.wrong(&name, URL_EXPECTED, true)),
         }),
     )
+}
+
+/// `cluster`: a list of URL strings. serde's own message for another shape names no
+/// field and quotes the value (a URL may hold a password): neither here.
+fn seed_list<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    let name = strict::name_or("cluster");
+    Vec::<String>::deserialize(d).map(Some).map_err(|_| {
+        D::Error::custom(format!(
+            "{name}: expected a list of seed node URLs (strings), such as \
+             [\"redis://10.0.0.5:7000\", \"redis://10.0.0.6:7001\"] (the value is not shown, \
+             as it may hold a password)"
+        ))
+    })
+}
+
+/// `sentinel`: `{"urls": [...], "service": "..."}`, with the field named in every
+/// message (serde's say only "missing field `service`"), and no value quoted.
+fn sentinel<'de, D: Deserializer<'de>>(d: D) -> Result<Option<FileSentinel>, D::Error> {
+    let name = strict::name_or("sentinel");
+    FileSentinel::deserialize(d).map(Some).map_err(|e| {
+        let text = e.to_string();
+        let why = ["missing field", "unknown field", "duplicate field"]
+            .iter()
+            .any(|k| text.starts_with(k))
+            .then(|| format!("{}; ", text.split(" at line").next().unwrap_or(&text)))
+            .unwrap_or_default();
+        D::Error::custom(format!(
+            "{name}: {why}expected {{\"urls\": [\"redis://10.0.0.7:26379\", …], \"service\": \
+             \"mymaster\"}} (a value is not shown, as it may hold a password)"
+        ))
+    })
 }
 
 fn env_name<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {

@@ -262,7 +262,8 @@ impl RedisCoordinator {
     /// The error of a write the replicas did not acknowledge in time.
     fn unreplicated(&self, what: &str) -> BackendError {
         BackendError::new(format!(
-            "{}: {what} was not acknowledged by {} replica(s) within {} (wait_replicas);              it may be applied on the primary only",
+            "{}: {what} was not acknowledged by {} replica(s) within {} (wait_replicas); \
+             it may be applied on the primary only",
             self.target.label,
             self.options.wait_replicas,
             humantime::format_duration(self.options.command_timeout / 2)

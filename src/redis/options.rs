@@ -140,7 +140,8 @@ pub const MAX_WAIT_REPLICAS: usize = 100;
 pub(crate) fn check_wait_replicas(field: &str, n: usize) -> Result<(), String> {
     if n > MAX_WAIT_REPLICAS {
         return Err(format!(
-            "{field}: {n} is out of range; expected how many replicas must acknowledge each              write, from 0 (off) to {MAX_WAIT_REPLICAS}, such as 1"
+            "{field}: {n} is out of range; expected how many replicas must acknowledge each \
+             write, from 0 (off) to {MAX_WAIT_REPLICAS}, such as 1"
         ));
     }
     Ok(())
@@ -222,6 +223,16 @@ pub(super) fn mode(o: &RedisOptions) -> Result<Mode<'_>, String> {
             if url.contains("unix:") {
                 return Err(format!(
                     "cluster[{i}]: a Unix socket cannot be a cluster node; give redis://host:port"
+                ));
+            }
+            // Redis Cluster has database 0 only (`SELECT` is refused there).
+            let db = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+                .map(|c| c.redis_settings().db())
+                .unwrap_or(0);
+            if db != 0 {
+                return Err(format!(
+                    "cluster[{i}]: database {db} was asked for, but Redis Cluster has database \
+                     0 only; drop the /{db} from the URL (use keyPrefix to share a cluster)"
                 ));
             }
         }
