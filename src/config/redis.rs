@@ -197,11 +197,14 @@ fn sentinel<'de, D: Deserializer<'de>>(d: D) -> Result<Option<FileSentinel>, D::
     let name = strict::name_or("sentinel");
     FileSentinel::deserialize(d).map(Some).map_err(|e| {
         let text = e.to_string();
-        let why = ["missing field", "unknown field", "duplicate field"]
+        let known = ["missing field", "unknown field", "duplicate field"]
             .iter()
-            .any(|k| text.starts_with(k))
-            .then(|| format!("{}; ", text.split(" at line").next().unwrap_or(&text)))
-            .unwrap_or_default();
+            .any(|k| text.starts_with(k));
+        let why = if known {
+            format!("{}; ", text.split(" at line").next().unwrap_or(&text))
+        } else {
+            String::new()
+        };
         D::Error::custom(format!(
             "{name}: {why}expected {{\"urls\": [\"redis://10.0.0.7:26379\", …], \"service\": \
              \"mymaster\"}} (a value is not shown, as it may hold a password)"
