@@ -649,3 +649,95 @@ fn alive_left_ms(server: &RedisServer, key: &str, replica: &str) -> i64 {
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query(&mut con).expect("TIME");
     (until - (secs * 1_000_000 + micros)) / 1000
 }
+
+/// `wait_replicas` on a primary with one replica: refused at connect when asking for
+/// more replicas than are connected; with the replica there, turns work; with the
+/// replica paused (SIGSTOP: connected, acknowledging nothing), an enqueue is refused
+/// with an error naming the option (the message is not taken in), and taken in again
+/// once the replica is back.
+#[test]
+fn wait_replicas_refuses_what_no_replica_acknowledged() {
+    let _serial = serial();
+    let primary = RedisServer::start();
+    let replica = RedisServer::start();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(primary.port())
+        .query(&mut replica.connection())
+        .expect("REPLICAOF");
+    // Polls a state (the replica's link coming up), bounded; no timing is asserted.
+    let mut con = primary.connection();
+    let linked = (0..500).any(|_| {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut con)
+            .unwrap_or_default();
+        let up = info.contains("connected_slaves:1") && info.contains("state=online");
+        if !up {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        up
+    });
+    assert!(linked, "the replica came online");
+    let options = |n: usize| {
+        RedisOptions::new(primary.url())
+            .with_lease_ttl(Duration::from_secs(5))
+            .with_command_timeout(Duration::from_millis(400))
+            .with_wait_replicas(n)
+    };
+    let e = RedisCoordinator::connect(options(2)).expect_err("2 asked for, 1 connected");
+    assert!(
+        e.to_string()
+            .contains("wait_replicas: 2 replica(s) must acknowledge each write")
+            && e.to_string().contains("has 1 connected"),
+        "{e}"
+    );
+    let c = RedisCoordinator::connect(options(1)).expect("connect");
+    let id: botmesh::ReplicaId = Arc::from("w");
+    c.attach(&id, Arc::new(|_: &str, _| {})).expect("attach");
+    let ticket = |seq| Ticket {
+        replica: id.clone(),
+        seq,
+    };
+    fn request(t: &Ticket) -> EnqueueRequest<'_> {
+        EnqueueRequest {
+            chat: "chat",
+            ticket: t,
+            message_id: None,
+            wait: Duration::from_secs(30),
+        }
+    }
+    let first = ticket(1);
+    let Ok(Enqueued::Granted(grant)) = c.enqueue(&request(&first)) else {
+        panic!("granted once the replica acknowledged");
+    };
+    let lease = HeldLease {
+        chat: "chat",
+        ticket: &first,
+        token: grant.token,
+    };
+    assert!(matches!(
+        c.release(&lease, None),
+        Ok(Released::Released { next: None })
+    ));
+    replica.pause();
+    let e = c
+        .enqueue(&request(&ticket(2)))
+        .expect_err("nobody acknowledges");
+    replica.resume();
+    assert!(
+        e.to_string().contains("not acknowledged by 1 replica(s)")
+            && e.to_string().contains("(wait_replicas); it may be applied"),
+        "{e}"
+    );
+    // The refused ticket may be queued on the primary; a new one (a redelivery) is
+    // taken in once the replica answers again.
+    let third = ticket(3);
+    assert!(
+        matches!(
+            c.enqueue(&request(&third)),
+            Ok(Enqueued::Granted(_) | Enqueued::Queued)
+        ),
+        "taken in again"
+    );
+}

@@ -81,9 +81,8 @@ fn an_unknown_service_is_reported() {
 }
 
 /// `wait_replicas`: with the one replica of the set-up acknowledging, turns work as
-/// usual, a pushed grant included (confirmed before use); asking for two replicas,
-/// which the set-up does not have, fails each enqueue with an error naming the
-/// option, and takes in nothing.
+/// usual (pushed grants are confirmed before use); asking for two replicas, which the
+/// set-up does not have, is refused at connect.
 #[test]
 fn wait_replicas_counts_a_write_once_replicated() {
     use botmesh::{EnqueueRequest, Enqueued, HeldLease, Released, Ticket};
@@ -133,14 +132,11 @@ fn wait_replicas_counts_a_write_once_replicated() {
         other => panic!("the chat goes to our next ticket, got {other:?}"),
     }
 
-    let strict = with(2);
-    let e = strict
-        .enqueue(&request(&ticket(3)))
-        .expect_err("two replicas asked for, one there");
-    assert!(
-        e.to_string().contains("wait_replicas") && e.to_string().contains("2 replica(s)"),
-        "{e}"
-    );
+    let e = RedisCoordinator::connect(
+        RedisOptions::sentinel(servers.sentinel_urls(), SERVICE).with_wait_replicas(2),
+    )
+    .expect_err("two replicas asked for, one there");
+    assert!(e.to_string().contains("has 1 connected"), "{e}");
     let e = RedisCoordinator::connect(
         RedisOptions::sentinel(servers.sentinel_urls(), SERVICE).with_wait_replicas(101),
     )

@@ -152,6 +152,9 @@ impl RedisCoordinator {
             Scripts::is_missing,
         )?;
         target.load_everywhere()?;
+        if options.wait_replicas > 0 {
+            check_replicas(&target, options.wait_replicas)?;
+        }
         for node in target.primaries() {
             let _ = target.on_node(&node, &mut |con| {
                 server::warn_on_eviction(&node.addr, con);
@@ -306,6 +309,30 @@ impl Drop for RedisCoordinator {
             self.stop_subscriber(&id);
         }
     }
+}
+
+/// Refuses `wait_replicas` above the replicas a primary has connected now: every write
+/// would wait its `WAIT` out and fail, and the bot would crawl instead of working.
+fn check_replicas(target: &Target, wanted: usize) -> Result<(), BackendError> {
+    for node in target.primaries() {
+        let info: String = typed(target.on_node(&node, &mut |con| {
+            redis::cmd("INFO").arg("replication").query(con)
+        })?)?;
+        let connected = info
+            .lines()
+            .find_map(|l| l.strip_prefix("connected_slaves:"))
+            .and_then(|n| n.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        if connected < wanted {
+            return Err(BackendError::new(format!(
+                "wait_replicas: {wanted} replica(s) must acknowledge each write, but the primary \
+                 at {} has {connected} connected; every write would wait and fail (lower \
+                 wait_replicas, or connect the replicas first)",
+                node.addr
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn typed<T: redis::FromRedisValue>(v: Value) -> Result<T, BackendError> {

@@ -53,7 +53,9 @@ pub struct RedisOptions {
     /// acknowledged write loses no grant, lease extension or accepted message. It
     /// costs no round trip on the uncontended path, one more round trip for a grant
     /// pushed from another replica, and the replicas' acknowledgement time on every
-    /// call; with fewer than `n` replicas connected every such call fails.
+    /// call; with fewer than `n` replicas connected every such call fails, and
+    /// [`RedisCoordinator::connect`](super::RedisCoordinator::connect) refuses to start
+    /// when a primary has fewer than `n` connected then.
     /// Asynchronous replication and `WAIT` are Redis' own (see the `WAIT` command);
     /// the lost-write window it closes is described in the README's *Scaling out*.
     pub wait_replicas: usize,
