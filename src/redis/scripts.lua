@@ -224,23 +224,36 @@ local function settle(chat, ttl, hist, keep_ms, wake, own_t, own_r)
 end
 -- Evicts the oldest handled marks once there are `high`, down to `low`, raising the
 -- floor of a chat whose numeric ids rise. Called after flush(), with the hash up to
--- date.
+-- date. Marks are sorted as strings "token NUL field" (no Lua comparator: a sort of
+-- ~100 marks with one was most of an eviction's time); tokens of one width sort as
+-- numbers, and tokens of mixed widths are left-padded first.
 local function evict(low, high)
   local all = redis.call('HGETALL', C.s)
-  local marks, fv = {}, nil
+  local toks, fields, n, fv, width, mixed = {}, {}, 0, nil, nil, false
   for i = 1, #all, 2 do
     local f, x = all[i], all[i + 1]
-    if f == 'f' then fv = x end
-    if string.byte(f, 1) == 109 and string.byte(x, 1) == 33 then
-      marks[#marks + 1] = {tonumber(string.match(x, '^!(%d+)')) or 0, string.sub(f, 2)}
+    if f == 'f' then
+      fv = x
+    elseif string.byte(f, 1) == 109 and string.byte(x, 1) == 33 then
+      local j = string.find(x, ',', 2, true) or (#x + 1)
+      if width and width ~= j then mixed = true end
+      width = j
+      n = n + 1
+      toks[n], fields[n] = string.sub(x, 2, j - 1), f
     end
   end
-  C.c, C.hd = #marks, true
-  if #marks < high then
+  C.c, C.hd = n, true
+  if n < high then
     flush()
     return
   end
-  table.sort(marks, function(a, b) return a[1] < b[1] end)
+  local keys = {}
+  for i = 1, n do
+    local tok = toks[i]
+    if mixed then tok = string.format('%24s', tok) end
+    keys[i] = tok .. '\0' .. fields[i]
+  end
+  table.sort(keys)
   local dels = {}
   local off = fv == 'x'
   local fl, hi = nil, ''
@@ -248,14 +261,15 @@ local function evict(low, high)
     local a, b = string.match(fv, '^([^,]*),(.*)$')
     fl, hi = tonumber(a), b or ''
   end
-  for i = 1, #marks - low do
-    local id = marks[i][2]
-    dels[#dels + 1] = 'm' .. id
-    local x = numeric(id)
+  for i = 1, n - low do
+    local key = keys[i]
+    local f = string.sub(key, string.find(key, '\0', 1, true) + 1)
+    dels[i] = f
+    local x = numeric(string.sub(f, 2))
     if x and not off and (not fl or x > fl) then fl = x end
   end
   redis.call('HDEL', C.s, unpack(dels))
-  C.c = #marks - #dels
+  C.c = n - #dels
   if fl and not off then put('f', num(fl) .. ',' .. hi) end
   flush()
 end
