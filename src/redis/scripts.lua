@@ -99,7 +99,8 @@ local function flush()
   local args = C.w
   if C.hd then
     args[#args + 1] = 'h'
-    -- A released lease's end is 0: no format call for it.
+    -- A released lease's end is 0: no format call for it. The counts n and c are
+    -- small, so Lua's own number-to-string of `..` is exact for them.
     local u = C.u == 0 and '0' or num(C.u)
     args[#args + 1] = C.k .. ',' .. u .. ',' .. C.n .. ',' .. C.c .. ',' .. C.t
     C.hd = false
@@ -158,7 +159,8 @@ local function keep_until(upto, keep)
   redis.call('PEXPIRE', C.s, ms)
 end
 -- Records a grant of the chat to ticket t (of replica r) with a lease of `lease` ms;
--- publishes it to r unless `kept` (the caller answers with it). Returns {t, k, pr, pk}.
+-- publishes it to r unless `kept` (the caller answers with it).
+-- Returns {t, k, pr, pk, r}.
 -- The token is max(last + 1, server time in us). Tokens never run ahead of the clock
 -- (a grant takes far more than a microsecond), so the time alone exceeds every earlier
 -- token when the chat's state expired, was lost in a restart, or is stale because
