@@ -260,3 +260,47 @@ fn a_claim_outlives_a_wait_longer_than_the_history() {
         "the claim's hash expires in {left} ms, before the message's wait ends"
     );
 }
+
+/// Eviction goes by the handling grant's token as a number, also when tokens of
+/// different widths meet in one chat (marks sort as strings only while all tokens
+/// have one width).
+#[test]
+fn eviction_orders_marks_of_mixed_token_widths_by_number() {
+    let server = RedisServer::start();
+    let mut r = One::new(&server);
+    for i in 0..10 {
+        assert!(r.handle("chat", &format!("u-{i}")));
+    }
+    // Marks with short tokens, so older than any token the server hands out now.
+    let key = "botmesh:{chat}:s";
+    let mut con = server.connection();
+    for i in 0..10 {
+        let _: i64 = redis::cmd("HSET")
+            .arg(key)
+            .arg(format!("mold-{i}"))
+            .arg(format!("!{},{i}:x", 5 + i))
+            .query(&mut con)
+            .expect("HSET");
+    }
+    // 14 more handled: 24 counted marks (dedup_ids 16) start an eviction of the 18
+    // oldest of 34: the 10 short-token ones, then u-0 to u-7.
+    for i in 10..24 {
+        assert!(r.handle("chat", &format!("u-{i}")));
+    }
+    let exists = |con: &mut redis::Connection, f: &str| -> bool {
+        redis::cmd("HEXISTS")
+            .arg(key)
+            .arg(f)
+            .query(con)
+            .expect("HEXISTS")
+    };
+    for i in 0..10 {
+        assert!(!exists(&mut con, &format!("mold-{i}")), "old-{i} evicted");
+    }
+    for i in 0..8 {
+        assert!(!exists(&mut con, &format!("mu-{i}")), "u-{i} evicted");
+    }
+    for i in 8..24 {
+        assert!(exists(&mut con, &format!("mu-{i}")), "u-{i} kept");
+    }
+}

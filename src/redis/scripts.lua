@@ -46,29 +46,48 @@ local function numeric(id)
 end
 -- The call's view of the chat: the holder record parsed (C.t, C.k strings, '' when
 -- none; C.u, C.n, C.c numbers), C.v the other fields read (false when absent, nil when
--- not read) and written since, C.w the writes not sent yet, C.hd whether the holder
--- record changed.
-local C = {w = {}}
--- Reads the holder record and `fields` (the expiry mark `e` among them, unless the
--- caller knows the hash exists: every hash that has `h` has `e`).
-local function load(s, q, fields)
-  C.s, C.q, C.now, C.w, C.hd = s, q, now_us(), {}, false
-  local vals = redis.call('HMGET', s, 'h', unpack(fields))
-  C.v = {}
-  for i, name in ipairs(fields) do C.v[name] = vals[1 + i] end
+-- not read) and written since, C.w the writes not sent yet as HSET arguments (a field
+-- written twice is sent twice, the later value winning), C.hd whether the holder record
+-- changed. Tables are made once per call and filled in place: every table and
+-- iteration is garbage and time in a call of a few microseconds.
+local C = {}
+-- Reads the holder record and the fields a..d (up to four; the expiry mark `e` among
+-- them, unless the caller knows the hash exists: every hash that has `h` has `e`).
+local function load(s, q, a, b, c, d)
+  C.s, C.q, C.now, C.hd = s, q, now_us(), false
+  C.w = {}
+  local vals
+  if d then
+    vals = redis.call('HMGET', s, 'h', a, b, c, d)
+  elseif c then
+    vals = redis.call('HMGET', s, 'h', a, b, c)
+  elseif b then
+    vals = redis.call('HMGET', s, 'h', a, b)
+  else
+    vals = redis.call('HMGET', s, 'h', a)
+  end
+  local v = {}
+  v[a] = vals[2]
+  if b then v[b] = vals[3] end
+  if c then v[c] = vals[4] end
+  if d then v[d] = vals[5] end
+  C.v = v
   C.t, C.k, C.u, C.n, C.c = '', '', 0, 0, 0
-  if vals[1] then
-    local k, u, n, c, t = string.match(vals[1], '^([^,]*),([^,]*),([^,]*),([^,]*),(.*)$')
+  local h = vals[1]
+  if h then
+    local k, u, n, c, t = string.match(h, '^([^,]*),([^,]*),([^,]*),([^,]*),(.*)$')
     if t then
       C.t, C.k, C.u, C.n, C.c = t, k, tonumber(u) or 0, tonumber(n) or 0, tonumber(c) or 0
     end
-  elseif C.v.e == nil then
-    C.v.e = false
+  elseif v.e == nil then
+    v.e = false
   end
 end
 local function put(f, x)
   if C.v[f] ~= x then
-    C.w[f] = x
+    local w = C.w
+    w[#w + 1] = f
+    w[#w + 1] = x
     C.v[f] = x
   end
 end
@@ -77,18 +96,17 @@ local function set_n(n)
   if n ~= C.n then C.n, C.hd = n, true end
 end
 local function flush()
-  local args = {}
+  local args = C.w
   if C.hd then
-    args[1] = 'h'
-    args[2] = C.k .. ',' .. num(C.u) .. ',' .. num(C.n) .. ',' .. num(C.c) .. ',' .. C.t
+    args[#args + 1] = 'h'
+    -- A released lease's end is 0: no format call for it. The counts n and c are
+    -- small, so Lua's own number-to-string of `..` is exact for them.
+    local u = C.u == 0 and '0' or num(C.u)
+    args[#args + 1] = C.k .. ',' .. u .. ',' .. C.n .. ',' .. C.c .. ',' .. C.t
     C.hd = false
   end
-  for f, x in pairs(C.w) do
-    args[#args + 1] = f
-    args[#args + 1] = x
-  end
-  C.w = {}
   if #args == 0 then return end
+  C.w = {}
   if C.v.e == false then
     -- A hash this call did not find (or found without an expiry mark) gets one, so
     -- no path leaves state behind for good.
@@ -140,15 +158,16 @@ local function keep_until(upto, keep)
   flush()
   redis.call('PEXPIRE', C.s, ms)
 end
--- Records a grant of the chat to ticket t with a lease of `lease` ms; publishes it
--- to t's replica unless keep(t, replica). Returns {t, k, pr, pk, replica}.
+-- Records a grant of the chat to ticket t (of replica r) with a lease of `lease` ms;
+-- publishes it to r unless `kept` (the caller answers with it).
+-- Returns {t, k, pr, pk, r}.
 -- The token is max(last + 1, server time in us). Tokens never run ahead of the clock
 -- (a grant takes far more than a microsecond), so the time alone exceeds every earlier
 -- token when the chat's state expired, was lost in a restart, or is stale because
 -- Redis came back from an older snapshot or a lagging replica.
 -- The previous holder is the last one (t, k stay after a release) while its grant is
 -- at most `hist` ms old (a token is its grant's time, or just above).
-local function grant(chat, t, lease, hist, keep_ms, wake, keep)
+local function grant(chat, t, r, lease, hist, keep_ms, wake, kept)
   local token = C.now
   local lk = tonumber(C.k)
   if lk and lk + 1 > token then token = lk + 1 end
@@ -161,20 +180,24 @@ local function grant(chat, t, lease, hist, keep_ms, wake, keep)
   C.t, C.k, C.u, C.hd = t, k, until_us, true
   put('p', pk .. ',' .. pr)
   keep_until(until_us, keep_ms)
-  local r = replica_of(t)
-  if not keep(t, r) then
-    redis.call('PUBLISH', wake .. r, cjson.encode({c = chat, t = t, k = k, pr = pr, pk = pk}))
+  if not kept then
+    -- Ticket, token, previous replica and token, chat, NUL-separated: no replica id
+    -- holds a NUL, tokens are digits and the chat, last, may hold anything. Several
+    -- times cheaper than cjson.encode of a table (subscriber.rs parses both forms).
+    redis.call('PUBLISH', wake .. r, t .. '\0' .. k .. '\0' .. pr .. '\0' .. pk .. '\0' .. chat)
   end
   return {t, k, pr, pk, r}
 end
 -- Hands a free chat (the caller checked that no live lease holds it) to the first live
--- ticket in the queue, skipping lapsed ones. Returns the grant or nil.
+-- ticket in the queue, skipping lapsed ones. Returns the grant or nil. The caller
+-- answers with (keeps) a grant to ticket `own_t` or to any ticket of replica `own_r`
+-- (either may be nil); the others are published.
 -- Pops at most C.n tickets: once the count says the queue is empty the list is not
 -- touched again. On a cluster node whose slot is migrating, a call on a key that is
 -- gone (the last LPOP deleted the list) aborts the function midway with its earlier
 -- writes kept; bounded by the count, only a count that is too high (never seen: both
 -- keys change in the same call) can still reach that.
-local function settle(chat, ttl, hist, keep_ms, wake, keep)
+local function settle(chat, ttl, hist, keep_ms, wake, own_t, own_r)
   while C.n > 0 do
     local t = redis.call('LPOP', C.q)
     if not t then
@@ -182,42 +205,57 @@ local function settle(chat, ttl, hist, keep_ms, wake, keep)
       return nil
     end
     set_n(C.n - 1)
-    local alive = tonumber(C.v['a' .. replica_of(t)] or redis.call('HGET', C.s, 'a' .. replica_of(t)))
+    local r = replica_of(t)
+    local af = 'a' .. r
+    local alive = tonumber(C.v[af] or redis.call('HGET', C.s, af))
     if alive and alive > C.now then
       -- The grantee's own liveness bounds its lease, not the caller's TTL: replicas
       -- may run different TTLs (a rolling deploy), and alive-until was set from the
       -- grantee's TTL at its last renewal, so the lease never outlives a crashed
       -- grantee by more than its own TTL, nor lapses before it can renew. A grant the
-      -- caller answers with (keep) is the caller's own, and the caller is alive: it
+      -- caller answers with (kept) is the caller's own, and the caller is alive: it
       -- gets a full TTL from now, which the caller counts from its call's send time.
-      local r = replica_of(t)
+      local kept = t == own_t or r == own_r
       local lease = ttl
-      if not keep(t, r) then lease = math.floor((alive - C.now) / 1000) end
+      if not kept then lease = math.floor((alive - C.now) / 1000) end
       if lease < 1 then lease = 1 end
-      return grant(chat, t, lease, hist, keep_ms, wake, keep)
+      return grant(chat, t, r, lease, hist, keep_ms, wake, kept)
     end
   end
   return nil
 end
 -- Evicts the oldest handled marks once there are `high`, down to `low`, raising the
 -- floor of a chat whose numeric ids rise. Called after flush(), with the hash up to
--- date.
+-- date. Marks are sorted as strings "token NUL field" (no Lua comparator: a sort of
+-- ~100 marks with one was most of an eviction's time); tokens of one width sort as
+-- numbers, and tokens of mixed widths are left-padded first.
 local function evict(low, high)
   local all = redis.call('HGETALL', C.s)
-  local marks, fv = {}, nil
+  local toks, fields, n, fv, width, mixed = {}, {}, 0, nil, nil, false
   for i = 1, #all, 2 do
     local f, x = all[i], all[i + 1]
-    if f == 'f' then fv = x end
-    if string.byte(f, 1) == 109 and string.byte(x, 1) == 33 then
-      marks[#marks + 1] = {tonumber(string.match(x, '^!(%d+)')) or 0, string.sub(f, 2)}
+    if f == 'f' then
+      fv = x
+    elseif string.byte(f, 1) == 109 and string.byte(x, 1) == 33 then
+      local j = string.find(x, ',', 2, true) or (#x + 1)
+      if width and width ~= j then mixed = true end
+      width = j
+      n = n + 1
+      toks[n], fields[n] = string.sub(x, 2, j - 1), f
     end
   end
-  C.c, C.hd = #marks, true
-  if #marks < high then
+  C.c, C.hd = n, true
+  if n < high then
     flush()
     return
   end
-  table.sort(marks, function(a, b) return a[1] < b[1] end)
+  local keys = {}
+  for i = 1, n do
+    local tok = toks[i]
+    if mixed then tok = string.format('%24s', tok) end
+    keys[i] = tok .. '\0' .. fields[i]
+  end
+  table.sort(keys)
   local dels = {}
   local off = fv == 'x'
   local fl, hi = nil, ''
@@ -225,15 +263,15 @@ local function evict(low, high)
     local a, b = string.match(fv, '^([^,]*),(.*)$')
     fl, hi = tonumber(a), b or ''
   end
-  for i = 1, #marks - low do
-    local id = marks[i][2]
-    dels[#dels + 1] = 'm' .. id
-    local x = numeric(id)
+  for i = 1, n - low do
+    local key = keys[i]
+    local f = string.sub(key, string.find(key, '\0', 1, true) + 1)
+    dels[i] = f
+    local x = numeric(string.sub(f, 2))
     if x and not off and (not fl or x > fl) then fl = x end
   end
   redis.call('HDEL', C.s, unpack(dels))
-  C.c = #marks - #dels
+  C.c = n - #dels
   if fl and not off then put('f', num(fl) .. ',' .. hi) end
   flush()
 end
-local function never() return false end

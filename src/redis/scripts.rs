@@ -21,7 +21,7 @@ local mf = id and ('m' .. id)
 
 pub(super) const ENQUEUE: &str = r#"
 local me = replica_of(t)
-load(s, q, id and {'e', 'qe', mf, 'f'} or {'e', 'qe'})
+if id then load(s, q, 'e', 'qe', mf, 'f') else load(s, q, 'e', 'qe') end
 local live = held()
 if live and C.t == t then return holder_reply('granted') end
 -- A retry of this very enqueue is already queued. With a message id, only a ticket
@@ -64,9 +64,8 @@ if id then
   end
   put(mf, t)
 end
-local mine = function(x) return x == t end
 if not live and C.n == 0 then
-  local g = grant(chat, t, ttl, hist, keep_ms, wake, mine)
+  local g = grant(chat, t, me, ttl, hist, keep_ms, wake, true)
   flush()
   return {'granted', t, g[2], g[3], g[4]}
 end
@@ -80,7 +79,7 @@ keep_queue(ttl, len == 1)
 local claim_ms = tonumber(ARGV[8]) or 0
 if id and claim_ms > keep_ms then keep_until(C.now, claim_ms) end
 local g = nil
-if not live then g = settle(chat, ttl, hist, keep_ms, wake, mine) end
+if not live then g = settle(chat, ttl, hist, keep_ms, wake, t, nil) end
 flush()
 if g and g[1] == t then return {'granted', t, g[2], g[3], g[4]} end
 return {'queued'}
@@ -93,11 +92,11 @@ local low = tonumber(ARGV[10]) or 64
 local high = low + math.max(1, math.floor(low / 2))
 local handled_mark = '!' .. token .. ',' .. t
 -- `e` for the grant a hand-over makes (one field read is cheaper than a call).
-load(s, q, id and {'e', mf} or {'e'})
+if id then load(s, q, 'e', mf) else load(s, q, 'e') end
 local live = held()
 if not (live and C.t == t and C.k == token) then
   -- Not ours any more. If the lease simply expired, move the chat on.
-  if not live and C.n > 0 then settle(chat, ttl, hist, keep_ms, wake, never) end
+  if not live and C.n > 0 then settle(chat, ttl, hist, keep_ms, wake, nil, nil) end
   flush()
   -- A retry of this very release whose reply was lost: the mark says so.
   if id and C.v[mf] == handled_mark then return {'released'} end
@@ -112,7 +111,7 @@ if id and C.v[mf] == t then
 end
 local g = nil
 if C.n > 0 then
-  g = settle(chat, ttl, hist, keep_ms, wake, function(x, r) return r == me end)
+  g = settle(chat, ttl, hist, keep_ms, wake, nil, me)
 end
 flush()
 if marked and C.c >= high then evict(low, high) end
@@ -148,12 +147,12 @@ return 0
 
 pub(super) const CHECK: &str = r#"
 local me = replica_of(t)
-load(s, q, {'e', 'a' .. me, 'qe'})
+load(s, q, 'e', 'a' .. me, 'qe')
 local seen = C.v['a' .. me]
 -- The count of queued tickets bounds every hand-over; a check is where a count lost
 -- to a restart or a stale replica is repaired (before any pop may empty the list).
 if not held() and C.n == 0 then set_n(redis.call('LLEN', q)) end
-if not held() then settle(chat, ttl, hist, keep_ms, wake, function(x) return x == t end) end
+if not held() then settle(chat, ttl, hist, keep_ms, wake, t, nil) end
 -- Held by this ticket or another of the caller's: the caller asks about its earliest
 -- ticket by sequence, and one queued again later stands behind later ones.
 if held() and replica_of(C.t) == me then
@@ -186,8 +185,8 @@ return {'gone'}
 "#;
 
 pub(super) const CANCEL: &str = r#"
-load(s, q, id and {'e', mf} or {'e'})
-if not held() then settle(chat, ttl, hist, keep_ms, wake, function(x) return x == t end) end
+if id then load(s, q, 'e', mf) else load(s, q, 'e') end
+if not held() then settle(chat, ttl, hist, keep_ms, wake, t, nil) end
 if held() and C.t == t then
   flush()
   return holder_reply('granted')

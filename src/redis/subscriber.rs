@@ -23,15 +23,39 @@ use serde::Deserialize;
 
 use super::keys::parse_grant;
 use super::target::Target;
-use crate::coordinator::GrantSink;
+use crate::coordinator::{BackendError, Grant, GrantSink};
 
+/// A wake-up as an older version of the library published it (JSON), still read so
+/// that a rolling deploy loses no push between versions.
 #[derive(Deserialize)]
-struct Wake {
+struct JsonWake {
     c: String,
     t: String,
     k: String,
     pr: String,
     pk: String,
+}
+
+/// A pushed grant: the chat and the grant. The library publishes
+/// `ticket NUL token NUL previous replica NUL previous token NUL chat` (no replica id
+/// holds a NUL, tokens are digits, and the chat, last, may hold anything); a payload
+/// opening with `{` is the JSON of older versions.
+fn parse_wake(payload: &[u8]) -> Result<(String, Grant), BackendError> {
+    if payload.first() == Some(&b'{') {
+        let w: JsonWake = serde_json::from_slice(payload)
+            .map_err(|e| BackendError::new(format!("wake-up JSON: {e}")))?;
+        return Ok((w.c, parse_grant(&w.t, &w.k, &w.pr, &w.pk)?));
+    }
+    let text =
+        std::str::from_utf8(payload).map_err(|_| BackendError::new("wake-up is not UTF-8"))?;
+    let mut parts = text.splitn(5, '\0');
+    let mut next = || {
+        parts
+            .next()
+            .ok_or_else(|| BackendError::new("short wake-up"))
+    };
+    let (t, k, pr, pk, chat) = (next()?, next()?, next()?, next()?, next()?);
+    Ok((chat.to_owned(), parse_grant(t, k, pr, pk)?))
 }
 
 /// Where the listener starts among the nodes: a hash of the replica id, so replicas
@@ -95,22 +119,50 @@ pub(super) fn subscriber_loop(l: Listen) {
         let _ = l.ready.try_send(());
         while !l.stop.load(Ordering::Acquire) {
             match pubsub.get_message() {
-                Ok(msg) => {
-                    let wake: Result<Wake, _> = serde_json::from_slice(msg.get_payload_bytes());
-                    match wake {
-                        Ok(w) => match parse_grant(&w.t, &w.k, &w.pr, &w.pk) {
-                            Ok(grant) => (l.sink)(&w.c, grant),
-                            Err(e) => log::warn!(target: "botmesh::redis", "bad wake-up: {e}"),
-                        },
-                        Err(e) => log::warn!(target: "botmesh::redis", "bad wake-up: {e}"),
-                    }
-                }
+                Ok(msg) => match parse_wake(msg.get_payload_bytes()) {
+                    Ok((chat, grant)) => (l.sink)(&chat, grant),
+                    Err(e) => log::warn!(target: "botmesh::redis", "bad wake-up: {e}"),
+                },
                 Err(e) if e.is_timeout() => {}
                 Err(e) => {
                     log::warn!(target: "botmesh::redis", "subscriber connection to {} lost, reconnecting: {e}", node.addr);
                     break;
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_wake;
+
+    #[test]
+    fn compact_and_json_wake_ups_parse_alike() {
+        let compact =
+            parse_wake(b"7:r1\x001700000000000001\x00r2\x001700000000000000\x00a,b:{c}\x00d")
+                .expect("compact");
+        let json = parse_wake(
+            br#"{"c":"a,b:{c}\u0000d","t":"7:r1","k":"1700000000000001","pr":"r2","pk":"1700000000000000"}"#,
+        )
+        .expect("json");
+        assert_eq!(compact.0, "a,b:{c}\0d");
+        assert_eq!(json.0, compact.0);
+        assert_eq!(format!("{:?}", compact.1), format!("{:?}", json.1));
+        assert_eq!(compact.1.token, 1_700_000_000_000_001);
+        let first = parse_wake(b"7:r1\x0012\x00\x00\x00chat").expect("no previous");
+        assert!(first.1.previous.is_none());
+    }
+
+    #[test]
+    fn malformed_wake_ups_are_errors() {
+        for bad in [
+            &b"7:r1\x0012"[..],
+            b"7:r1\x00x\x00\x00\x00c",
+            b"\xff\x00",
+            b"{\"c\":1}",
+        ] {
+            assert!(parse_wake(bad).is_err(), "{bad:?}");
         }
     }
 }
