@@ -23,7 +23,8 @@
 //!   (pairs/s) plus 100,000 pairs timed one by one (p50/p99 per pair, which include
 //!   one clock read; its cost is printed alongside).
 //! - **W1** (as FORMAT.md defines it): 10,000 chats never seen before, each once,
-//!   every pair timed; 21 rounds with new chat ids, the median round's pairs/s.
+//!   every pair timed, on a lock made fresh for the round (a W1 worker is a fresh
+//!   process); 21 rounds, the median round's pairs/s.
 //!   `--profile-w1 ROUNDS` runs only the turn table's rounds, for a profiler.
 //! - **hot_handoff** (W3 with a near-zero hold): 4 threads on ONE chat, each looping
 //!   ask -> acquire -> critical section -> release, 20,000 acquisitions in all. For the
@@ -652,22 +653,20 @@ fn append_records(records: &[serde_json::Value]) -> std::io::Result<PathBuf> {
 }
 
 /// W1 as FORMAT.md has it: `CHATS` chats never seen before, each once, timed one by
-/// one; repeated `rounds` times on one lock with new chat ids each round. Returns the
-/// median round's pairs/s and the p50/p99 per pair over all rounds.
-fn measure_w1<L: ChatLock>(lock: &L, rounds: usize, tag: &str) -> Uncontended {
+/// one, on a lock made fresh (as a W1 worker process starts with one); `rounds` times.
+/// `with_lock` makes the lock, runs the round on it and takes it down after (a
+/// replica's shutdown is outside the timing). Returns the median round's pairs/s and
+/// the p50/p99 per pair over all rounds.
+fn measure_w1(rounds: usize, with_lock: impl Fn(&mut dyn FnMut(&dyn W1Lock))) -> Uncontended {
     let mut rates = Vec::with_capacity(rounds);
     let mut each = Vec::with_capacity(rounds * CHATS);
-    for round in 0..rounds {
-        let chats: Vec<String> = (0..CHATS).map(|i| format!("{tag}-{round}-{i}")).collect();
-        let start = Instant::now();
-        let mut last = start;
-        for chat in &chats {
-            pair(lock, chat);
-            let t = Instant::now();
-            each.push(t.duration_since(last).as_nanos() as u64);
-            last = t;
-        }
-        rates.push(CHATS as f64 / start.elapsed().as_secs_f64());
+    let chats: Vec<String> = (0..CHATS).map(|i| i.to_string()).collect();
+    for _ in 0..rounds {
+        with_lock(&mut |lock| {
+            let (rate, times) = lock.round(&chats);
+            rates.push(rate);
+            each.extend(times);
+        });
     }
     rates.sort_by(f64::total_cmp);
     each.sort_unstable();
@@ -678,6 +677,36 @@ fn measure_w1<L: ChatLock>(lock: &L, rounds: usize, tag: &str) -> Uncontended {
         p50_ns: quantile(&each, 0.5),
         p99_ns: quantile(&each, 0.99),
     }
+}
+
+/// One W1 round on some lock: (pairs/s, each pair's ns).
+trait W1Lock {
+    fn round(&self, chats: &[String]) -> (f64, Vec<u64>);
+}
+
+impl<L: ChatLock> W1Lock for L {
+    fn round(&self, chats: &[String]) -> (f64, Vec<u64>) {
+        let mut each = Vec::with_capacity(chats.len());
+        let start = Instant::now();
+        let mut last = start;
+        for chat in chats {
+            pair(self, chat);
+            let t = Instant::now();
+            each.push(t.duration_since(last).as_nanos() as u64);
+            last = t;
+        }
+        (chats.len() as f64 / start.elapsed().as_secs_f64(), each)
+    }
+}
+
+/// [`measure_w1`] of the turn table: a coordinator and a replica per round.
+fn w1_turn_table(rounds: usize) -> Uncontended {
+    measure_w1(rounds, |round| {
+        let coordinator = Arc::new(MemoryCoordinator::new());
+        let replica = start_replica("w1-r1", &coordinator);
+        round(&replica);
+        replica.shutdown();
+    })
 }
 
 /// Rounds of W1 per variant in the direct part.
@@ -709,14 +738,14 @@ fn direct_measurements(full: bool) {
     let coordinator = Arc::new(MemoryCoordinator::new());
     let replica = start_replica("uncontended-r1", &coordinator);
     let turn_u = measure_uncontended(&replica, pairs, sampled);
-    let turn_w1 = measure_w1(&replica, w1_rounds, "w1");
     replica.shutdown();
     let per_chat = PerChatTicketLock::default();
     let per_u = measure_uncontended(&per_chat, pairs, sampled);
-    let per_w1 = measure_w1(&per_chat, w1_rounds, "w1");
     let one_map = TicketLock::default();
     let base_u = measure_uncontended(&one_map, pairs, sampled);
-    let base_w1 = measure_w1(&one_map, w1_rounds, "w1");
+    let turn_w1 = w1_turn_table(w1_rounds);
+    let per_w1 = measure_w1(w1_rounds, |round| round(&PerChatTicketLock::default()));
+    let base_w1 = measure_w1(w1_rounds, |round| round(&TicketLock::default()));
 
     let coordinator = Arc::new(MemoryCoordinator::new());
     let replicas: Vec<Replica> = (0..HOT_THREADS)
@@ -757,8 +786,8 @@ fn direct_measurements(full: bool) {
     }
     println!();
     println!(
-        "W1: {CHATS} chats never seen before, each once, {w1_rounds} rounds (pairs/s: the \
-         median round; p50/p99 per pair over all rounds, one clock read each)"
+        "W1: {CHATS} chats never seen before, each once, on a fresh lock, {w1_rounds} rounds \
+         (pairs/s: the median round; p50/p99 per pair over all rounds, one clock read each)"
     );
     println!(
         "  {:<22} {:>12} {:>10} {:>10}",
@@ -833,21 +862,27 @@ fn direct_measurements(full: bool) {
     }
 }
 
-/// `turns --profile-w1 ROUNDS`: only the turn table's W1 rounds, for a profiler
-/// (`valgrind --tool=callgrind`), nothing printed but the rate.
-fn profile_w1(rounds: usize) {
-    let coordinator = Arc::new(MemoryCoordinator::new());
-    let replica = start_replica("profile-r1", &coordinator);
-    let w1 = measure_w1(&replica, rounds, "p");
-    println!("W1 turn table: {:.0} pairs/s", w1.ops_per_s);
-    replica.shutdown();
+/// `turns --profile-w1 ROUNDS [turn|per-chat|one-map]`: only one variant's W1 rounds
+/// (the turn table's by default), for a profiler (`valgrind --tool=callgrind`),
+/// nothing printed but the rate.
+fn profile_w1(rounds: usize, variant: &str) {
+    let w1 = match variant {
+        "per-chat" => measure_w1(rounds, |round| round(&PerChatTicketLock::default())),
+        "one-map" => measure_w1(rounds, |round| round(&TicketLock::default())),
+        _ => w1_turn_table(rounds),
+    };
+    println!(
+        "W1 {variant}: {:.0} pairs/s, p50 {} ns",
+        w1.ops_per_s, w1.p50_ns
+    );
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(at) = args.iter().position(|a| a == "--profile-w1") {
         let rounds = args.get(at + 1).and_then(|n| n.parse().ok()).unwrap_or(1);
-        return profile_w1(rounds);
+        let variant = args.get(at + 2).map_or("turn", String::as_str);
+        return profile_w1(rounds, variant);
     }
     uncontended();
     Criterion::default().configure_from_args().final_summary();
