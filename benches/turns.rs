@@ -194,26 +194,33 @@ impl ChatLock for PerChatTicketLock {
     type Held = (Arc<ChatTickets>, u64, u64);
 
     fn lock(&self, chat: &str) -> Self::Held {
-        let slot = {
+        // The ticket is drawn under the map's lock (map, then chat: the order `unlock`
+        // takes them in too), so a chat found in the map cannot be dropped as idle
+        // before this ask counts in it.
+        let (slot, ticket) = {
             let mut chats = self.chats.lock().expect("ticket lock poisoned");
-            match chats.get(chat) {
+            let slot = match chats.get(chat) {
                 Some(slot) => slot.clone(),
                 None => {
                     let slot = Arc::new(ChatTickets::default());
                     chats.insert(chat.to_owned(), slot.clone());
                     slot
                 }
-            }
+            };
+            let (ticket, served) = {
+                let mut state = slot.state.lock().expect("ticket lock poisoned");
+                state.0 += 1;
+                (state.0 - 1, state.1 == state.0 - 1)
+            };
+            (slot, (ticket, served))
         };
-        let ticket = {
+        let (ticket, served) = ticket;
+        if !served {
             let mut state = slot.state.lock().expect("ticket lock poisoned");
-            let ticket = state.0;
-            state.0 += 1;
             while state.1 != ticket {
                 state = slot.turn_changed.wait(state).expect("ticket lock poisoned");
             }
-            ticket
-        };
+        }
         let token = self.last_token.fetch_add(1, Ordering::Relaxed) + 1;
         (slot, ticket, token)
     }
