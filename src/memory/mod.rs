@@ -246,16 +246,14 @@ impl MemoryCoordinator {
     }
 
     fn push_one(&self, chat: &str, grant: Grant) {
-        {
-            let sink = self
-                .replicas
-                .read()
-                .get(&grant.ticket.replica)
-                .map(|r| r.sink.clone());
-            // A replica that detached meanwhile is skipped: its grant expires by TTL.
-            if let Some(sink) = sink {
-                sink(chat, grant);
-            }
+        let sink = self
+            .replicas
+            .read()
+            .get(&grant.ticket.replica)
+            .map(|r| r.sink.clone());
+        // A replica that detached meanwhile is skipped: its grant expires by TTL.
+        if let Some(sink) = sink {
+            sink(chat, grant);
         }
     }
 }

@@ -12,7 +12,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::lease::{TurnState, clock_ns};
 use super::names::{is_reserved, shown_chat, stored_chat};
-pub(crate) use super::slot::Ending;
+pub(crate) use super::slot::{Ending, NoTurn, OnGrant};
 use super::turn::{Owner, Turn};
 use super::waiters::{PlacedWaiter, Waiters};
 use crate::clock::Clock;
@@ -34,28 +34,6 @@ const LOCAL_RETRY: Duration = Duration::from_millis(20);
 const RUNNING: u8 = 0;
 const STOPPING: u8 = 1;
 const ABORTED: u8 = 2;
-
-/// How a wait ended without a turn.
-#[derive(Debug)]
-pub(crate) enum NoTurn {
-    /// Timed out, lost, the backend unreachable, or the replica stopping.
-    Failed(CoordinationUnavailableError),
-    /// The message's id was handled meanwhile by a delivery of it elsewhere (the wait
-    /// was for that delivery, see [`Enqueued::InFlight`]).
-    Duplicate,
-}
-
-impl std::fmt::Display for NoTurn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            NoTurn::Failed(e) => e.fmt(f),
-            NoTurn::Duplicate => f.write_str("the message was handled by another delivery"),
-        }
-    }
-}
-
-/// What runs when a queued ticket's wait ends: with the turn, or with why not.
-pub(crate) type OnGrant = Box<dyn FnOnce(Result<Turn, NoTurn>) + Send>;
 
 pub(super) type Waiter = super::waiters::Waiter<Ending>;
 

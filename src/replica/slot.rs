@@ -12,9 +12,30 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::client::{NoTurn, OnGrant};
 use super::turn::Turn;
 use crate::error::{CoordinationUnavailableError, Reason};
+
+/// How a wait ended without a turn.
+#[derive(Debug)]
+pub(crate) enum NoTurn {
+    /// Timed out, lost, the backend unreachable, or the replica stopping.
+    Failed(CoordinationUnavailableError),
+    /// The message's id was handled meanwhile by a delivery of it elsewhere (the wait
+    /// was for that delivery, see [`Enqueued::InFlight`](crate::Enqueued::InFlight)).
+    Duplicate,
+}
+
+impl std::fmt::Display for NoTurn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoTurn::Failed(e) => e.fmt(f),
+            NoTurn::Duplicate => f.write_str("the message was handled by another delivery"),
+        }
+    }
+}
+
+/// What runs when a queued ticket's wait ends: with the turn, or with why not.
+pub(crate) type OnGrant = Box<dyn FnOnce(Result<Turn, NoTurn>) + Send>;
 
 /// What a blocked acquire is answered with.
 type Answer = Result<Turn, CoordinationUnavailableError>;
