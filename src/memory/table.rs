@@ -353,9 +353,7 @@ impl Shard {
         w: &Waiting<'_>,
         pushes: &mut Pushes,
     ) -> Option<Grant> {
-        let Some(chat) = self.chats.get_mut(w.chat) else {
-            return None;
-        };
+        let chat = self.chats.get_mut(w.chat)?;
         if let Some(g) = settle(env, chat)
             && &g.ticket != w.ticket
         {
@@ -408,10 +406,10 @@ impl Shard {
                 }
                 None => None,
             };
-            if let Some(id) = handled {
-                if let Some(dedup) = chat.dedup.as_mut() {
-                    dedup.handled(env.now, env.dedup_window, env.dedup_ids, id, lease.ticket);
-                }
+            if let Some(id) = handled
+                && let Some(dedup) = chat.dedup.as_mut()
+            {
+                dedup.handled(env.now, env.dedup_window, env.dedup_ids, id, lease.ticket);
             }
             Released::Released { next }
         } else {
