@@ -1,21 +1,31 @@
 //! Benchmarks of per-chat turns on the in-process `MemoryCoordinator`, each next to a
 //! plain reference lock so the figures have something to be read against.
 //!
-//! The reference ("baseline") is the simplest per-chat FIFO lock one would write by
-//! hand: a ticket lock in one `Mutex<HashMap<String, ChatSlot>>` (next ticket and now
-//! serving per chat) and one `Condvar` woken with `notify_all`. It has no leases, no
-//! replicas, no fencing that survives a restart, and every waiter blocks its own
-//! thread: it is the floor the turn table pays its features on top of. Issue 2 asks the
-//! turn table to stay within 2x of it.
+//! Two references ("baselines"), the per-chat FIFO locks one would write by hand, with
+//! no leases, no replicas, no fencing that survives a restart, and a blocked thread
+//! per waiter:
 //!
-//! Two workloads, after the spirit of W1 and W3 in `../shared/bench/FORMAT.md`:
+//! - **per-chat condvar lock**: a map of chat -> (mutex, condition variable) ticket
+//!   lock, made on a chat's first ask and dropped once the chat is idle, so an ask on
+//!   an idle chat allocates its entry (as the turn table does for a chat it has not
+//!   seen). The one the turn table is held against (issue 11: at least as fast).
+//! - **one-map ticket lock**: every chat's (next ticket, now serving) in one
+//!   `Mutex<HashMap<String, _>>` and one `Condvar` woken with `notify_all`; entries are
+//!   never dropped, so once warm it allocates nothing (and keeps every chat ever seen).
+//!   Issue 2 asked the turn table to stay within 2x of it.
 //!
-//! - **uncontended** (W1): one replica takes and gives back the turn of distinct chats,
+//! Three workloads, after the spirit of W1 and W3 in `../shared/bench/FORMAT.md`:
+//!
+//! - **uncontended**: one replica takes and gives back the turn of distinct chats,
 //!   cycling over 10,000 pre-built chat ids, nobody else around. Measured twice: as
 //!   the criterion group `uncontended` (`turn_table/acquire_release`,
-//!   `baseline/mutex_ticket_lock`), and directly with `Instant` over 1,000,000 pairs
+//!   `baseline/...`), and directly with `Instant` over 1,000,000 pairs
 //!   (pairs/s) plus 100,000 pairs timed one by one (p50/p99 per pair, which include
 //!   one clock read; its cost is printed alongside).
+//! - **W1** (as FORMAT.md defines it): 10,000 chats never seen before, each once,
+//!   every pair timed, on a lock made fresh for the round (a W1 worker is a fresh
+//!   process); 21 rounds, the median round's pairs/s.
+//!   `--profile-w1 ROUNDS` runs only the turn table's rounds, for a profiler.
 //! - **hot_handoff** (W3 with a near-zero hold): 4 threads on ONE chat, each looping
 //!   ask -> acquire -> critical section -> release, 20,000 acquisitions in all. For the
 //!   turn table every thread is its own `Replica` over one shared coordinator; for the
@@ -159,6 +169,85 @@ impl ChatLock for TicketLock {
     }
 }
 
+/// The reference a user would most likely write for a per-chat FIFO lock: one ticket
+/// lock (a mutex and a condition variable) per chat, found through one map, made on
+/// the first ask and dropped again once its chat is idle (nobody holds or waits), so a
+/// quiet chat costs no memory. That makes an ask on an idle chat allocate its name and
+/// its lock, as the turn table's state for a chat seen for the first time does.
+#[derive(Default)]
+struct PerChatTicketLock {
+    chats: Mutex<HashMap<String, Arc<ChatTickets>>>,
+    /// Fencing tokens: a chat's tickets start again at 0 once its lock was dropped, so
+    /// the token is taken from one counter once the turn is held.
+    last_token: AtomicU64,
+}
+
+#[derive(Default)]
+struct ChatTickets {
+    /// (next ticket, now serving); tickets double as the fencing token.
+    state: Mutex<(u64, u64)>,
+    turn_changed: Condvar,
+}
+
+impl ChatLock for PerChatTicketLock {
+    /// The chat's lock, the ticket, the fencing token.
+    type Held = (Arc<ChatTickets>, u64, u64);
+
+    fn lock(&self, chat: &str) -> Self::Held {
+        // The ticket is drawn under the map's lock (map, then chat: the order `unlock`
+        // takes them in too), so a chat found in the map cannot be dropped as idle
+        // before this ask counts in it.
+        let (slot, ticket) = {
+            let mut chats = self.chats.lock().expect("ticket lock poisoned");
+            let slot = match chats.get(chat) {
+                Some(slot) => slot.clone(),
+                None => {
+                    let slot = Arc::new(ChatTickets::default());
+                    chats.insert(chat.to_owned(), slot.clone());
+                    slot
+                }
+            };
+            let (ticket, served) = {
+                let mut state = slot.state.lock().expect("ticket lock poisoned");
+                state.0 += 1;
+                (state.0 - 1, state.1 == state.0 - 1)
+            };
+            (slot, (ticket, served))
+        };
+        let (ticket, served) = ticket;
+        if !served {
+            let mut state = slot.state.lock().expect("ticket lock poisoned");
+            while state.1 != ticket {
+                state = slot.turn_changed.wait(state).expect("ticket lock poisoned");
+            }
+        }
+        let token = self.last_token.fetch_add(1, Ordering::Relaxed) + 1;
+        (slot, ticket, token)
+    }
+
+    fn token(held: &Self::Held) -> u64 {
+        held.2
+    }
+
+    fn unlock(&self, chat: &str, (slot, ticket, _): Self::Held) {
+        // The map's lock first, so no ask can find the slot between the check that it
+        // is idle and its removal.
+        let mut chats = self.chats.lock().expect("ticket lock poisoned");
+        let idle = {
+            let mut state = slot.state.lock().expect("ticket lock poisoned");
+            debug_assert_eq!(state.1, ticket);
+            state.1 += 1;
+            state.0 == state.1
+        };
+        if idle {
+            chats.remove(chat);
+        } else {
+            drop(chats);
+            slot.turn_changed.notify_all();
+        }
+    }
+}
+
 fn chat_ids() -> Vec<String> {
     (0..CHATS).map(|i| format!("chat-{i}")).collect()
 }
@@ -198,13 +287,22 @@ fn baseline_pairs(c: &mut Criterion) {
     bench_pairs(c, "baseline", "mutex_ticket_lock", &TicketLock::default());
 }
 
+fn per_chat_pairs(c: &mut Criterion) {
+    bench_pairs(
+        c,
+        "baseline",
+        "per_chat_condvar_lock",
+        &PerChatTicketLock::default(),
+    );
+}
+
 criterion_group! {
     name = uncontended;
     config = Criterion::default()
         .sample_size(20)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = turn_table_pairs, baseline_pairs
+    targets = turn_table_pairs, per_chat_pairs, baseline_pairs
 }
 
 /// Nearest-rank quantile of sorted values.
@@ -466,10 +564,21 @@ fn with_run(mut record: serde_json::Value, run: &RunInfo) -> serde_json::Value {
     record
 }
 
-fn uncontended_record(peer: &str, u: &Uncontended, run: &RunInfo) -> serde_json::Value {
+fn uncontended_record(
+    peer: &str,
+    workload: &str,
+    u: &Uncontended,
+    run: &RunInfo,
+) -> serde_json::Value {
+    let notes = if workload == "W1" {
+        "in-process; chats never seen before, each once; pairs/s of the median round; \
+         per-pair p50/p99 include one clock read"
+    } else {
+        "in-process; per-pair p50/p99 include one clock read"
+    };
     let record = json!({
         "peer": peer,
-        "workload": "uncontended",
+        "workload": workload,
         "params": {
             "processes": 1, "workers_per_process": 1, "keys": CHATS,
             "pairs": u.pairs, "sampled_pairs": u.sampled, "backend": "memory",
@@ -479,17 +588,21 @@ fn uncontended_record(peer: &str, u: &Uncontended, run: &RunInfo) -> serde_json:
         "p50_us": ns_to_us(u.p50_ns),
         "p99_us": ns_to_us(u.p99_ns),
         "exclusion_violations": 0,
-        "notes": "in-process; per-pair p50/p99 include one clock read",
+        "notes": notes,
         "extra": {},
     });
     with_run(record, run)
 }
 
 fn hot_record(peer: &str, h: &HotStats, run: &RunInfo) -> serde_json::Value {
-    let notes = if peer == "botmesh-memory" {
-        "in-process threads, one Replica each, over one MemoryCoordinator; hold is a busy spin"
-    } else {
-        "in-process threads sharing one Mutex<HashMap> ticket lock; hold is a busy spin"
+    let notes = match peer {
+        "botmesh-memory" => {
+            "in-process threads, one Replica each, over one MemoryCoordinator; hold is a busy spin"
+        }
+        "baseline-per-chat-condvar" => {
+            "in-process threads sharing one per-chat condvar ticket lock; hold is a busy spin"
+        }
+        _ => "in-process threads sharing one Mutex<HashMap> ticket lock; hold is a busy spin",
     };
     let record = json!({
         "peer": peer,
@@ -546,13 +659,85 @@ fn append_records(records: &[serde_json::Value]) -> std::io::Result<PathBuf> {
     Ok(path)
 }
 
-/// The measurements criterion does not do: uncontended pairs timed directly and the hot
-/// chat handoff, for both variants.
+/// W1 as FORMAT.md has it: `CHATS` chats never seen before, each once, timed one by
+/// one, on a lock made fresh (as a W1 worker process starts with one); `rounds` times.
+/// `with_lock` makes the lock, runs the round on it and takes it down after (a
+/// replica's shutdown is outside the timing). Returns the median round's pairs/s and
+/// the p50/p99 per pair over all rounds.
+fn measure_w1(rounds: usize, with_lock: impl Fn(&mut dyn FnMut(&dyn W1Lock))) -> Uncontended {
+    let mut rates = Vec::with_capacity(rounds);
+    let mut each = Vec::with_capacity(rounds * CHATS);
+    let chats: Vec<String> = (0..CHATS).map(|i| i.to_string()).collect();
+    for _ in 0..rounds {
+        with_lock(&mut |lock| {
+            let (rate, times) = lock.round(&chats);
+            rates.push(rate);
+            each.extend(times);
+        });
+    }
+    rates.sort_by(f64::total_cmp);
+    each.sort_unstable();
+    Uncontended {
+        pairs: rounds * CHATS,
+        sampled: each.len(),
+        ops_per_s: rates.get(rates.len() / 2).copied().unwrap_or(0.0),
+        p50_ns: quantile(&each, 0.5),
+        p99_ns: quantile(&each, 0.99),
+    }
+}
+
+/// One W1 round on some lock: (pairs/s, each pair's ns).
+trait W1Lock {
+    fn round(&self, chats: &[String]) -> (f64, Vec<u64>);
+}
+
+impl<L: ChatLock> W1Lock for L {
+    fn round(&self, chats: &[String]) -> (f64, Vec<u64>) {
+        let mut each = Vec::with_capacity(chats.len());
+        let start = Instant::now();
+        let mut last = start;
+        for chat in chats {
+            pair(self, chat);
+            let t = Instant::now();
+            each.push(t.duration_since(last).as_nanos() as u64);
+            last = t;
+        }
+        (chats.len() as f64 / start.elapsed().as_secs_f64(), each)
+    }
+}
+
+/// [`measure_w1`] of the turn table: a coordinator and a replica per round.
+fn w1_turn_table(rounds: usize) -> Uncontended {
+    measure_w1(rounds, |round| {
+        let coordinator = Arc::new(MemoryCoordinator::new());
+        let replica = start_replica("w1-r1", &coordinator);
+        round(&replica);
+        replica.shutdown();
+    })
+}
+
+/// Rounds of W1 per variant in the direct part.
+const W1_ROUNDS: usize = 21;
+
+/// The variants as the tables name them, with their record's peer.
+const VARIANTS: [(&str, &str); 3] = [
+    ("turn table (memory)", "botmesh-memory"),
+    ("per-chat condvar lock", "baseline-per-chat-condvar"),
+    ("one-map ticket lock", "baseline-mutex"),
+];
+
+/// The measurements criterion does not do: uncontended pairs timed directly, W1 on
+/// fresh chats and the hot chat handoff, for every variant.
 fn direct_measurements(full: bool) {
-    let (pairs, sampled, hot) = if full {
-        (UNCONTENDED_PAIRS, SAMPLED_PAIRS, HOT_ACQUISITIONS)
+    let (pairs, sampled, hot, w1_rounds) = if full {
+        (
+            UNCONTENDED_PAIRS,
+            SAMPLED_PAIRS,
+            HOT_ACQUISITIONS,
+            W1_ROUNDS,
+        )
     } else {
-        (20_000, 2_000, 400)
+        (20_000, 2_000, 400, 1)
     };
     let clock_ns = clock_overhead_ns();
     let load_1m = load_average();
@@ -561,7 +746,13 @@ fn direct_measurements(full: bool) {
     let replica = start_replica("uncontended-r1", &coordinator);
     let turn_u = measure_uncontended(&replica, pairs, sampled);
     replica.shutdown();
-    let base_u = measure_uncontended(&TicketLock::default(), pairs, sampled);
+    let per_chat = PerChatTicketLock::default();
+    let per_u = measure_uncontended(&per_chat, pairs, sampled);
+    let one_map = TicketLock::default();
+    let base_u = measure_uncontended(&one_map, pairs, sampled);
+    let turn_w1 = w1_turn_table(w1_rounds);
+    let per_w1 = measure_w1(w1_rounds, |round| round(&PerChatTicketLock::default()));
+    let base_w1 = measure_w1(w1_rounds, |round| round(&TicketLock::default()));
 
     let coordinator = Arc::new(MemoryCoordinator::new());
     let replicas: Vec<Replica> = (0..HOT_THREADS)
@@ -571,6 +762,8 @@ fn direct_measurements(full: bool) {
     for r in replicas {
         r.shutdown();
     }
+    let lock = PerChatTicketLock::default();
+    let per_h = analyse_hot(run_hot(&[&lock; HOT_THREADS], hot));
     let lock = TicketLock::default();
     let base_h = analyse_hot(run_hot(&[&lock; HOT_THREADS], hot));
 
@@ -581,6 +774,12 @@ fn direct_measurements(full: bool) {
             cpus()
         );
     }
+    let row = |name: &str, u: &Uncontended| {
+        println!(
+            "  {:<22} {:>12.0} {:>10} {:>10}",
+            name, u.ops_per_s, u.p50_ns, u.p99_ns
+        );
+    };
     println!(
         "uncontended: acquire+release of {CHATS} distinct chats in turn, {pairs} pairs \
          (p50/p99 from {sampled} pairs timed one by one; a clock read costs ~{clock_ns} ns)"
@@ -589,14 +788,20 @@ fn direct_measurements(full: bool) {
         "  {:<22} {:>12} {:>10} {:>10}",
         "variant", "pairs/s", "p50 ns", "p99 ns"
     );
-    for (name, u) in [
-        ("turn table (memory)", &turn_u),
-        ("baseline mutex", &base_u),
-    ] {
-        println!(
-            "  {:<22} {:>12.0} {:>10} {:>10}",
-            name, u.ops_per_s, u.p50_ns, u.p99_ns
-        );
+    for ((name, _), u) in VARIANTS.iter().zip([&turn_u, &per_u, &base_u]) {
+        row(name, u);
+    }
+    println!();
+    println!(
+        "W1: {CHATS} chats never seen before, each once, on a fresh lock, {w1_rounds} rounds \
+         (pairs/s: the median round; p50/p99 per pair over all rounds, one clock read each)"
+    );
+    println!(
+        "  {:<22} {:>12} {:>10} {:>10}",
+        "variant", "pairs/s", "p50 ns", "p99 ns"
+    );
+    for ((name, _), u) in VARIANTS.iter().zip([&turn_w1, &per_w1, &base_w1]) {
+        row(name, u);
     }
     println!();
     println!(
@@ -615,10 +820,7 @@ fn direct_measurements(full: bool) {
         "wait p99",
         "viol."
     );
-    for (name, h) in [
-        ("turn table (memory)", &turn_h),
-        ("baseline mutex", &base_h),
-    ] {
+    for ((name, _), h) in VARIANTS.iter().zip([&turn_h, &per_h, &base_h]) {
         println!(
             "  {:<22} {:>10.0} {:>8.1}us {:>8.1}us {:>8.1} {:>7} {:>9} {:>9.1}us {:>6}",
             name,
@@ -633,14 +835,12 @@ fn direct_measurements(full: bool) {
         );
     }
     println!();
-    let pair_ratio = base_u.ops_per_s / turn_u.ops_per_s;
-    let hand_ratio = turn_h.handoff_p50_ns as f64 / base_h.handoff_p50_ns.max(1) as f64;
-    let verdict = |r: f64| if r <= 2.0 { "within 2x" } else { "OVER 2x" };
     println!(
-        "turn table vs baseline: uncontended {pair_ratio:.2}x slower ({}), \
-         handoff p50 {hand_ratio:.2}x ({})",
-        verdict(pair_ratio),
-        verdict(hand_ratio)
+        "turn table / per-chat condvar lock: uncontended {:.2}x, W1 {:.2}x (pairs/s, over 1 \
+         is faster); handoff p50 {:.1} us (target <= 10 us)",
+        turn_u.ops_per_s / per_u.ops_per_s,
+        turn_w1.ops_per_s / per_w1.ops_per_s,
+        ns_to_us(turn_h.handoff_p50_ns),
     );
 
     if !full {
@@ -654,22 +854,45 @@ fn direct_measurements(full: bool) {
         load_1m,
         clock_ns,
     };
-    let records = [
-        uncontended_record("botmesh-memory", &turn_u, &run),
-        uncontended_record("baseline-mutex", &base_u, &run),
-        hot_record("botmesh-memory", &turn_h, &run),
-        hot_record("baseline-mutex", &base_h, &run),
-    ];
+    let mut records = Vec::new();
+    for (i, (_, peer)) in VARIANTS.iter().enumerate() {
+        let u = [&turn_u, &per_u, &base_u][i];
+        let w = [&turn_w1, &per_w1, &base_w1][i];
+        let h = [&turn_h, &per_h, &base_h][i];
+        records.push(uncontended_record(peer, "uncontended", u, &run));
+        records.push(uncontended_record(peer, "W1", w, &run));
+        records.push(hot_record(peer, h, &run));
+    }
     match append_records(&records) {
         Ok(path) => println!("appended {} records to {}", records.len(), path.display()),
         Err(e) => eprintln!("cannot append the records to target/bench-turns.jsonl: {e}"),
     }
 }
 
+/// `turns --profile-w1 ROUNDS [turn|per-chat|one-map]`: only one variant's W1 rounds
+/// (the turn table's by default), for a profiler (`valgrind --tool=callgrind`),
+/// nothing printed but the rate.
+fn profile_w1(rounds: usize, variant: &str) {
+    let w1 = match variant {
+        "per-chat" => measure_w1(rounds, |round| round(&PerChatTicketLock::default())),
+        "one-map" => measure_w1(rounds, |round| round(&TicketLock::default())),
+        _ => w1_turn_table(rounds),
+    };
+    println!(
+        "W1 {variant}: {:.0} pairs/s, p50 {} ns",
+        w1.ops_per_s, w1.p50_ns
+    );
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--profile-w1") {
+        let rounds = args.get(at + 1).and_then(|n| n.parse().ok()).unwrap_or(1);
+        let variant = args.get(at + 2).map_or("turn", String::as_str);
+        return profile_w1(rounds, variant);
+    }
     uncontended();
     Criterion::default().configure_from_args().final_summary();
-    let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--list" || a == "--profile-time") {
         return;
     }

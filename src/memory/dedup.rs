@@ -7,6 +7,7 @@
 //! rise, and turns the floor off for good.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::coordinator::Ticket;
@@ -64,10 +65,11 @@ pub(crate) enum Claim {
 /// One chat's duplicate-suppression state.
 pub(crate) struct Dedup {
     /// Claims and marks by message id.
-    ids: HashMap<Box<str>, IdState>,
+    ids: HashMap<Arc<str>, IdState>,
     /// Handled ids, oldest first, for eviction (an id may be listed twice if it was
-    /// handled again after its window).
-    handled: VecDeque<Box<str>>,
+    /// handled again after its window). They share the string of their key in `ids`:
+    /// one copy of an id per message, made by its claim.
+    handled: VecDeque<Arc<str>>,
     floor: Floor,
     /// The highest numeric id claimed.
     hi: Option<u64>,
@@ -159,16 +161,20 @@ impl Dedup {
         id: &str,
         ticket: &Ticket,
     ) {
-        let Some(state) = self.ids.get_mut(id) else {
+        let Some((key, state)) = self.ids.get_key_value(id) else {
             return;
         };
         if !matches!(state, IdState::Claimed { by, .. } if by == ticket) {
             return;
         }
+        // A second lookup, which is cheaper than a second copy of the id.
+        let key = key.clone();
         let expires = now + window;
-        *state = IdState::Handled { expires };
+        if let Some(state) = self.ids.get_mut(id) {
+            *state = IdState::Handled { expires };
+        }
         self.until = self.until.max(expires);
-        self.handled.push_back(id.into());
+        self.handled.push_back(key);
         if self.handled.len() >= keep + (keep / 2).max(1) {
             self.evict(now, keep);
         }
@@ -189,11 +195,11 @@ impl Dedup {
             let Some(id) = self.handled.pop_front() else {
                 break;
             };
-            let expires = match self.ids.get(&id) {
+            let expires = match self.ids.get(&*id) {
                 Some(IdState::Handled { expires }) => *expires,
                 _ => continue,
             };
-            self.ids.remove(&id);
+            self.ids.remove(&*id);
             if let Some(x) = numeric(&id) {
                 self.floor = match self.floor {
                     Floor::Off => Floor::Off,

@@ -14,6 +14,7 @@
 //! [`Replica::abort`]: crate::Replica::abort
 
 use std::hash::BuildHasher;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -30,7 +31,7 @@ use crate::coordinator::{
 mod dedup;
 mod table;
 
-use table::{Env, FOREVER, Pushes, Shard};
+use table::{ChatPushes, Env, FOREVER, Pushes, Shard};
 
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -157,11 +158,9 @@ impl MemoryCoordinator {
         &self.shards[(h as usize) % self.shards.len()]
     }
 
-    fn alive_until(&self, replica: &ReplicaId) -> Option<Instant> {
-        self.replicas
-            .read()
-            .get(replica)
-            .map(|r| self.base + Duration::from_nanos(r.alive_until.load(Ordering::Acquire)))
+    /// Until when `entry`'s replica is alive.
+    fn alive_until(&self, entry: &ReplicaEntry) -> Instant {
+        self.base + Duration::from_nanos(entry.alive_until.load(Ordering::Acquire))
     }
 
     /// `t` as ns since `base`, the form [`ReplicaEntry::alive_until`] keeps.
@@ -169,24 +168,44 @@ impl MemoryCoordinator {
         u64::try_from(t.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// Moves `replica`'s liveness to at least a TTL from now.
-    fn refresh(&self, replica: &ReplicaId, now: Instant) {
-        if let Some(r) = self.replicas.read().get(replica) {
-            r.alive_until
-                .fetch_max(self.ns(now + self.ttl), Ordering::AcqRel);
-        }
+    /// Moves a replica's liveness to at least a TTL from now.
+    fn refresh(&self, entry: &ReplicaEntry, now: Instant) {
+        entry
+            .alive_until
+            .fetch_max(self.ns(now + self.ttl), Ordering::AcqRel);
     }
 
     fn next_token(&self) -> Token {
         self.last_token.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// Runs `f` with the table's environment as of now.
-    fn with_env<T>(&self, f: impl FnOnce(&Env<'_>) -> T) -> T {
-        let alive_until = |r: &ReplicaId| self.alive_until(r);
+    /// Runs `f` with the table's environment at `now` (one clock read per call into
+    /// the backend, taken by the caller). `refresh`: a replica the call is a sign of
+    /// life of (see `enqueue`), refreshed first.
+    ///
+    /// The replicas' read lock is held throughout, so one lookup serves the refresh
+    /// and the liveness checks of the caller's own tickets, and no attach or detach
+    /// falls between them. The table reads liveness through this guard, never by
+    /// locking again (a second read lock in one thread can deadlock behind a waiting
+    /// writer). Nothing here takes the write lock under a shard's lock.
+    fn with_env<T>(
+        &self,
+        now: Instant,
+        refresh: Option<&ReplicaId>,
+        f: impl FnOnce(&Env<'_>) -> T,
+    ) -> T {
+        let replicas = self.replicas.read();
+        let caller = refresh.and_then(|id| replicas.get_key_value(id));
+        if let Some((_, entry)) = caller {
+            self.refresh(entry, now);
+        }
+        let alive_until = |r: &ReplicaId| match caller {
+            Some((id, entry)) if Arc::ptr_eq(id, r) || id == r => Some(self.alive_until(entry)),
+            _ => replicas.get(r).map(|e| self.alive_until(e)),
+        };
         let next_token = || self.next_token();
         let env = Env {
-            now: self.clock.now(),
+            now,
             ttl: self.ttl,
             history: self.history,
             dedup_window: self.dedup_window,
@@ -199,24 +218,42 @@ impl MemoryCoordinator {
 
     /// Runs one table operation on `chat`'s shard, then pushes the grants it made to
     /// other replicas, with no lock held (a sink may call back into the backend).
-    fn on_chat<T>(&self, chat: &str, op: impl FnOnce(&mut Shard, &Env<'_>, &mut Pushes) -> T) -> T {
+    fn on_chat<T>(
+        &self,
+        chat: &str,
+        refresh: Option<&ReplicaId>,
+        op: impl FnOnce(&mut Shard, &Env<'_>, &mut Pushes) -> T,
+    ) -> T {
+        let now = self.clock.now();
         let mut pushes = Pushes::new();
-        let result = self.with_env(|env| op(&mut self.shard(chat).lock(), env, &mut pushes));
-        self.push(pushes);
+        let result = self.with_env(now, refresh, |env| {
+            op(&mut self.shard(chat).lock(), env, &mut pushes)
+        });
+        self.push(chat, pushes);
         result
     }
 
-    fn push(&self, pushes: Pushes) {
+    fn push(&self, chat: &str, pushes: Pushes) {
+        for grant in pushes {
+            self.push_one(chat, grant);
+        }
+    }
+
+    fn push_chats(&self, pushes: ChatPushes) {
         for (chat, grant) in pushes {
-            let sink = self
-                .replicas
-                .read()
-                .get(&grant.ticket.replica)
-                .map(|r| r.sink.clone());
-            // A replica that detached meanwhile is skipped: its grant expires by TTL.
-            if let Some(sink) = sink {
-                sink(&chat, grant);
-            }
+            self.push_one(&chat, grant);
+        }
+    }
+
+    fn push_one(&self, chat: &str, grant: Grant) {
+        let sink = self
+            .replicas
+            .read()
+            .get(&grant.ticket.replica)
+            .map(|r| r.sink.clone());
+        // A replica that detached meanwhile is skipped: its grant expires by TTL.
+        if let Some(sink) = sink {
+            sink(chat, grant);
         }
     }
 }
@@ -251,13 +288,13 @@ impl Coordinator for MemoryCoordinator {
 
     fn detach(&self, replica: &ReplicaId, _held: &[HeldLease<'_>]) -> Result<(), BackendError> {
         self.replicas.write().remove(replica);
-        let mut pushes = Pushes::new();
-        self.with_env(|env| {
+        let mut pushes = ChatPushes::new();
+        self.with_env(self.clock.now(), None, |env| {
             for shard in self.shards.iter() {
                 shard.lock().detach(env, replica, &mut pushes);
             }
         });
-        self.push(pushes);
+        self.push_chats(pushes);
         Ok(())
     }
 
@@ -267,14 +304,17 @@ impl Coordinator for MemoryCoordinator {
         // ticket from the enqueue's send time, and a replica whose liveness lapsed
         // while it was cut off (its renewals failing) must not have its new ticket
         // skipped at once.
-        self.refresh(&req.ticket.replica, self.clock.now());
-        Ok(self.on_chat(req.chat, |shard, env, pushes| {
-            shard.enqueue(env, req, pushes)
-        }))
+        Ok(
+            self.on_chat(req.chat, Some(&req.ticket.replica), |shard, env, pushes| {
+                shard.enqueue(env, req, pushes)
+            }),
+        )
     }
 
     fn cancel(&self, w: &Waiting<'_>) -> Result<Option<Grant>, BackendError> {
-        Ok(self.on_chat(w.chat, |shard, env, pushes| shard.cancel(env, w, pushes)))
+        Ok(self.on_chat(w.chat, None, |shard, env, pushes| {
+            shard.cancel(env, w, pushes)
+        }))
     }
 
     fn release(
@@ -284,10 +324,11 @@ impl Coordinator for MemoryCoordinator {
     ) -> Result<Released, BackendError> {
         // The caller is alive: a grant it gets back in the answer (the chat handed on
         // to another of its tickets) lasts a full TTL, counted from its call.
-        self.refresh(&lease.ticket.replica, self.clock.now());
-        Ok(self.on_chat(lease.chat, |shard, env, pushes| {
-            shard.release(env, lease, handled, pushes)
-        }))
+        Ok(self.on_chat(
+            lease.chat,
+            Some(&lease.ticket.replica),
+            |shard, env, pushes| shard.release(env, lease, handled, pushes),
+        ))
     }
 
     fn renew(
@@ -296,19 +337,23 @@ impl Coordinator for MemoryCoordinator {
         held: &[HeldLease<'_>],
         waiting: &[Waiting<'_>],
     ) -> Result<Renewal, BackendError> {
-        self.refresh(replica, self.clock.now());
-        let mut pushes = Pushes::new();
-        let out = self.with_env(|env| Renewal {
+        let mut pushes = ChatPushes::new();
+        let out = self.with_env(self.clock.now(), Some(replica), |env| Renewal {
             held: held
                 .iter()
                 .map(|lease| self.shard(lease.chat).lock().renew(env, lease))
                 .collect(),
             waiting: waiting
                 .iter()
-                .map(|w| self.shard(w.chat).lock().check(env, w, &mut pushes))
+                .map(|w| {
+                    let mut found = Pushes::new();
+                    let state = self.shard(w.chat).lock().check(env, w, &mut found);
+                    pushes.extend(found.into_iter().map(|g| (w.chat.to_owned(), g)));
+                    state
+                })
                 .collect(),
         });
-        self.push(pushes);
+        self.push_chats(pushes);
         Ok(out)
     }
 

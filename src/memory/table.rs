@@ -27,9 +27,12 @@ type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState
 /// Durations are clamped here so that `Instant + d` cannot overflow (about 100 years).
 pub(crate) const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
-/// Grants made to other replicas' tickets, to push once the lock is released:
-/// `(chat, grant)`.
-pub(crate) type Pushes = Vec<(String, Grant)>;
+/// Grants made to other replicas' tickets on the chat of the operation, to push once
+/// the lock is released (the chat is the caller's: no copy of its name per push).
+pub(crate) type Pushes = Vec<Grant>;
+
+/// Grants a detach made, by chat: it touches every chat of the shard.
+pub(crate) type ChatPushes = Vec<(String, Grant)>;
 
 /// What every table operation needs from outside.
 pub(crate) struct Env<'a> {
@@ -84,18 +87,22 @@ struct ChatState {
     /// While idle: until when the previous holder is remembered.
     idle_until: Instant,
     /// Duplicate suppression for the chat's message ids, bounded per chat; the chat's
-    /// entry is kept while it holds anything (`dedup.until`).
-    dedup: Dedup,
+    /// entry is kept while it holds anything (`dedup.until`). Made on the chat's first
+    /// message id: a chat locked without ids (the lock API) does without it, and every
+    /// chat's entry stays small (the table keeps idle chats for the history).
+    dedup: Option<Box<Dedup>>,
 }
 
 impl ChatState {
     fn new(now: Instant) -> Self {
+        // A chat's first state costs its name's copy alone: its queue and its duplicate
+        // check allocate on first use.
         ChatState {
             holder: None,
             queue: VecDeque::new(),
             previous: None,
             idle_until: now,
-            dedup: Dedup::new(now),
+            dedup: None,
         }
     }
 
@@ -103,18 +110,34 @@ impl ChatState {
         self.holder.is_none() && self.queue.is_empty()
     }
 
-    /// Whether `ticket` still holds the chat or waits in it, alive.
-    fn ticket_alive(&self, env: &Env<'_>, ticket: &Ticket) -> bool {
-        if let Some(h) = &self.holder
-            && &h.ticket == ticket
-        {
-            return h.lease_until >= env.now;
+    /// A chat nobody holds or waits for keeps only who held it last, until `history`
+    /// has passed (like a Redis key with a TTL), so the next grant can still name the
+    /// previous holder. Its state stays in the map meanwhile, so a busy chat going
+    /// idle and active again costs no allocation (see [`Shard::sweep`]).
+    fn mark_if_idle(&mut self, env: &Env<'_>) {
+        if self.is_idle() {
+            self.idle_until = env.now + env.history;
         }
-        self.queue
-            .iter()
-            .any(|q| &q.ticket == ticket && q.deadline >= env.now)
-            && env.alive(&ticket.replica)
     }
+}
+
+/// Whether `ticket` still holds the chat or waits in it, alive. Takes the chat's
+/// parts, so the duplicate check can ask while it holds the chat's `dedup`.
+fn ticket_alive(
+    env: &Env<'_>,
+    holder: Option<&Holder>,
+    queue: &VecDeque<Queued>,
+    ticket: &Ticket,
+) -> bool {
+    if let Some(h) = holder
+        && &h.ticket == ticket
+    {
+        return h.lease_until >= env.now;
+    }
+    queue
+        .iter()
+        .any(|q| &q.ticket == ticket && q.deadline >= env.now)
+        && env.alive(&ticket.replica)
 }
 
 struct Holder {
@@ -234,22 +257,17 @@ impl Shard {
         self.chats.values().filter(|c| !c.is_idle()).count()
     }
 
-    /// A chat nobody holds or waits for keeps only who held it last, until `history`
-    /// has passed (like a Redis key with a TTL), so the next grant can still name the
-    /// previous holder. Its state stays in the map meanwhile, so a busy chat going idle
-    /// and active again costs no allocation; expired idle chats are swept when the map
-    /// has doubled since the last sweep (amortised O(1), and the map stays within twice
-    /// the live entries).
-    fn drop_if_idle(&mut self, env: &Env<'_>, chat: &str) {
-        if let Some(c) = self.chats.get_mut(chat)
-            && c.is_idle()
-        {
-            c.idle_until = env.now + env.history;
-        }
+    /// Expired idle chats (see [`ChatState::mark_if_idle`]) are swept when the map has
+    /// doubled since the last sweep: amortised O(1), and the map stays within twice
+    /// the live entries.
+    fn sweep(&mut self, env: &Env<'_>) {
         if self.chats.len() >= self.sweep_at {
             let now = env.now;
-            self.chats
-                .retain(|_, c| !c.is_idle() || c.idle_until >= now || c.dedup.until >= now);
+            self.chats.retain(|_, c| {
+                !c.is_idle()
+                    || c.idle_until >= now
+                    || c.dedup.as_ref().is_some_and(|d| d.until >= now)
+            });
             self.sweep_at = (self.chats.len() * 2).max(1024);
         }
     }
@@ -262,16 +280,7 @@ impl Shard {
         pushes: &mut Pushes,
     ) -> Enqueued {
         let now = env.now;
-        if let Some(chat) = self.chats.get(req.chat) {
-            // Idempotent per ticket: a ticket already holding or queued keeps its grant
-            // or its place.
-            if let Some(h) = chat.holder.as_ref().filter(|h| &h.ticket == req.ticket) {
-                return Enqueued::Granted(grant_of(h));
-            }
-            if chat.queue.iter().any(|q| &q.ticket == req.ticket) {
-                return Enqueued::Queued;
-            }
-        }
+        // One lookup for a known chat; the name is copied only for a new one.
         let chat = match self.chats.get_mut(req.chat) {
             Some(chat) => chat,
             None => self
@@ -279,6 +288,14 @@ impl Shard {
                 .entry(req.chat.to_owned())
                 .or_insert_with(|| ChatState::new(now)),
         };
+        // Idempotent per ticket: a ticket already holding or queued keeps its grant or
+        // its place.
+        if let Some(h) = chat.holder.as_ref().filter(|h| &h.ticket == req.ticket) {
+            return Enqueued::Granted(grant_of(h));
+        }
+        if chat.queue.iter().any(|q| &q.ticket == req.ticket) {
+            return Enqueued::Queued;
+        }
         if let Some(id) = req.message_id.filter(|_| !env.dedup_window.is_zero()) {
             // The claim outlives the message's wait and one lease more (see the Redis
             // backend's enqueue): expired under a waiting message, a redelivery would
@@ -287,11 +304,16 @@ impl Shard {
                 .dedup_window
                 .max(req.wait.saturating_add(env.ttl))
                 .min(FOREVER);
-            let mut dedup = std::mem::replace(&mut chat.dedup, Dedup::new(now));
+            let ChatState {
+                holder,
+                queue,
+                dedup,
+                ..
+            } = &mut *chat;
+            let dedup = dedup.get_or_insert_with(|| Box::new(Dedup::new(now)));
             let answer = dedup.claim(now, claim_for, id, req.ticket, |t| {
-                chat.ticket_alive(env, t)
+                ticket_alive(env, holder.as_ref(), queue, t)
             });
-            chat.dedup = dedup;
             match answer {
                 Claim::Duplicate => return Enqueued::Duplicate,
                 Claim::InFlight => return Enqueued::InFlight,
@@ -317,7 +339,7 @@ impl Shard {
             Some(g) if &g.ticket == req.ticket => Enqueued::Granted(g),
             Some(g) => {
                 // An earlier waiter got the turn because an old holder had expired.
-                pushes.push((req.chat.to_owned(), g));
+                pushes.push(g);
                 Enqueued::Queued
             }
             None => Enqueued::Queued,
@@ -331,30 +353,28 @@ impl Shard {
         w: &Waiting<'_>,
         pushes: &mut Pushes,
     ) -> Option<Grant> {
-        let mut result = None;
-        if let Some(chat) = self.chats.get_mut(w.chat) {
-            if let Some(g) = settle(env, chat)
-                && &g.ticket != w.ticket
-            {
-                pushes.push((w.chat.to_owned(), g));
-            }
-            result = chat
-                .holder
-                .as_ref()
-                .filter(|h| &h.ticket == w.ticket)
-                .map(grant_of);
-            if result.is_none() {
-                chat.queue.retain(|q| &q.ticket != w.ticket);
-            }
-        }
-        if result.is_none()
-            && let Some(id) = w.message_id
-            && let Some(chat) = self.chats.get_mut(w.chat)
+        let chat = self.chats.get_mut(w.chat)?;
+        if let Some(g) = settle(env, chat)
+            && &g.ticket != w.ticket
         {
-            // A message that timed out may be delivered again and then handled.
-            chat.dedup.give_up(id, w.ticket);
+            pushes.push(g);
         }
-        self.drop_if_idle(env, w.chat);
+        let result = chat
+            .holder
+            .as_ref()
+            .filter(|h| &h.ticket == w.ticket)
+            .map(grant_of);
+        if result.is_none() {
+            chat.queue.retain(|q| &q.ticket != w.ticket);
+            if let Some(id) = w.message_id {
+                // A message that timed out may be delivered again and then handled.
+                if let Some(dedup) = chat.dedup.as_mut() {
+                    dedup.give_up(id, w.ticket);
+                }
+            }
+        }
+        chat.mark_if_idle(env);
+        self.sweep(env);
         result
     }
 
@@ -381,23 +401,25 @@ impl Shard {
             let next = match settle(env, chat) {
                 Some(g) if g.ticket.replica == lease.ticket.replica => Some(g),
                 Some(g) => {
-                    pushes.push((lease.chat.to_owned(), g));
+                    pushes.push(g);
                     None
                 }
                 None => None,
             };
-            if let Some(id) = handled {
-                chat.dedup
-                    .handled(env.now, env.dedup_window, env.dedup_ids, id, lease.ticket);
+            if let Some(id) = handled
+                && let Some(dedup) = chat.dedup.as_mut()
+            {
+                dedup.handled(env.now, env.dedup_window, env.dedup_ids, id, lease.ticket);
             }
             Released::Released { next }
         } else {
             if let Some(g) = settle(env, chat) {
-                pushes.push((lease.chat.to_owned(), g));
+                pushes.push(g);
             }
             Released::Lost
         };
-        self.drop_if_idle(env, lease.chat);
+        chat.mark_if_idle(env);
+        self.sweep(env);
         result
     }
 
@@ -436,7 +458,7 @@ impl Shard {
         if let Some(g) = settle(env, chat)
             && &g.ticket != w.ticket
         {
-            pushes.push((w.chat.to_owned(), g));
+            pushes.push(g);
         }
         let state = match chat.holder.as_mut() {
             // This ticket, or another of its replica's (see `TicketState::Granted`).
@@ -448,14 +470,14 @@ impl Shard {
             _ if chat.queue.iter().any(|q| &q.ticket == w.ticket) => TicketState::Waiting,
             _ => TicketState::Lapsed,
         };
-        self.drop_if_idle(env, w.chat);
+        chat.mark_if_idle(env);
+        self.sweep(env);
         state
     }
 
     /// A clean stop of `replica` (already detached from `env.alive_until`): its
     /// tickets leave the queues, its leases are released, and each chat moves on.
-    pub(crate) fn detach(&mut self, env: &Env<'_>, replica: &ReplicaId, pushes: &mut Pushes) {
-        let mut touched = Vec::new();
+    pub(crate) fn detach(&mut self, env: &Env<'_>, replica: &ReplicaId, pushes: &mut ChatPushes) {
         for (id, chat) in self.chats.iter_mut() {
             chat.queue.retain(|q| &q.ticket.replica != replica);
             if chat
@@ -472,11 +494,9 @@ impl Shard {
             if let Some(g) = settle(env, chat) {
                 pushes.push((id.clone(), g));
             }
-            touched.push(id.clone());
+            chat.mark_if_idle(env);
         }
-        for id in touched {
-            self.drop_if_idle(env, &id);
-        }
+        self.sweep(env);
     }
 
     /// See [`Coordinator::write_checkpoint`](crate::Coordinator::write_checkpoint).

@@ -99,7 +99,7 @@ impl Fixture {
     }
 
     fn pushed(&mut self) -> Vec<Grant> {
-        self.pushes.drain(..).map(|(_, g)| g).collect()
+        std::mem::take(&mut self.pushes)
     }
 }
 

@@ -313,11 +313,13 @@ impl Runner {
             let on_grant: OnGrant = Box::new(move |r| {
                 let _ = tx.send(r);
             });
-            let seq = match self
-                .replica
-                .enqueue_stored(&self.lease, None, Duration::MAX, on_grant)
-            {
-                Ok((_, seq)) => seq,
+            let seq = match self.replica.enqueue_stored(
+                Arc::from(self.lease.as_str()),
+                None,
+                Duration::MAX,
+                on_grant,
+            ) {
+                Ok(placed) => placed.seq,
                 Err(e) => {
                     log::warn!(target: "botmesh::leadership", "replica {} cannot campaign for provider {:?}, retrying: {e}", self.replica.id, self.state.provider);
                     if self.pause(self.period).is_some() {

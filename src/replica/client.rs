@@ -12,6 +12,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::lease::{TurnState, clock_ns};
 use super::names::{is_reserved, shown_chat, stored_chat};
+pub(crate) use super::slot::{Ending, NoTurn, OnGrant};
 use super::turn::{Owner, Turn};
 use super::waiters::{PlacedWaiter, Waiters};
 use crate::clock::Clock;
@@ -34,29 +35,19 @@ const RUNNING: u8 = 0;
 const STOPPING: u8 = 1;
 const ABORTED: u8 = 2;
 
-/// How a wait ended without a turn.
-#[derive(Debug)]
-pub(crate) enum NoTurn {
-    /// Timed out, lost, the backend unreachable, or the replica stopping.
-    Failed(CoordinationUnavailableError),
-    /// The message's id was handled meanwhile by a delivery of it elsewhere (the wait
-    /// was for that delivery, see [`Enqueued::InFlight`]).
-    Duplicate,
+pub(super) type Waiter = super::waiters::Waiter<Ending>;
+
+/// What placing a ticket came to.
+pub(crate) struct Placed {
+    /// The intake's answer.
+    pub(crate) accepted: Accepted,
+    /// The ticket's sequence number.
+    pub(crate) seq: u64,
+    /// A blocked acquire's turn ([`Ending::Slot`]), when it was granted in the reply to
+    /// the enqueue: returned here instead of through its slot. `None` for a callback,
+    /// which got the turn itself.
+    pub(crate) turn: Option<Turn>,
 }
-
-impl std::fmt::Display for NoTurn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            NoTurn::Failed(e) => e.fmt(f),
-            NoTurn::Duplicate => f.write_str("the message was handled by another delivery"),
-        }
-    }
-}
-
-/// What runs when a queued ticket's wait ends: with the turn, or with why not.
-pub(crate) type OnGrant = Box<dyn FnOnce(Result<Turn, NoTurn>) + Send>;
-
-pub(super) type Waiter = super::waiters::Waiter<OnGrant>;
 
 /// The answer of an intake: the message holds its place, or was a duplicate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,7 +108,7 @@ pub(crate) struct Inner {
     /// `RUNNING`, `STOPPING` (no new tickets) or `ABORTED` (a simulated crash).
     state: AtomicU8,
     /// Tickets waiting for their grant.
-    pub(super) waiting: Mutex<Waiters<OnGrant>>,
+    pub(super) waiting: Mutex<Waiters<Ending>>,
     /// Held turns by ticket sequence number, renewed by the renewal thread.
     pub(super) held: Mutex<HashMap<u64, Arc<TurnState>>>,
     /// Turns being released right now (taken out of `held`, the backend not told
@@ -258,11 +249,12 @@ impl Inner {
             if !is_reserved(&w.chat) {
                 inc(&self.metrics.shutting_down);
             }
-            (w.on_grant)(Err(NoTurn::Failed(CoordinationUnavailableError::new(
-                Reason::ShuttingDown,
-                shown_chat(&w.chat),
-                w.message_id.as_deref(),
-            ))));
+            w.on_grant
+                .end(Err(NoTurn::Failed(CoordinationUnavailableError::new(
+                    Reason::ShuttingDown,
+                    shown_chat(&w.chat),
+                    w.message_id.as_deref(),
+                ))));
         }
     }
 
@@ -359,25 +351,47 @@ impl Inner {
         chat: &str,
         message_id: Option<&str>,
         wait: Duration,
-        on_grant: OnGrant,
+        on_grant: impl Into<Ending>,
     ) -> Result<Accepted, CoordinationUnavailableError> {
-        // Every user chat comes through here (bot intake and `acquire`); reserved
-        // names do not.
+        // Every user chat comes through here or `enqueue_shared` (bot intake and
+        // `acquire`); reserved names do not.
         crate::message::check_ids(chat, message_id)
             .map_err(|e| CoordinationUnavailableError::invalid(chat, message_id, e))?;
-        self.enqueue_stored(&stored_chat(chat), message_id, wait, on_grant)
-            .map(|(accepted, _)| accepted)
+        self.enqueue_stored(Arc::from(stored_chat(chat)), message_id, wait, on_grant)
+            .map(|placed| placed.accepted)
+    }
+
+    /// Like [`Inner::enqueue`] for a chat id the caller already holds shared: its
+    /// stored form is the same string (but for a chat id starting with a NUL), so the
+    /// waiter and the turn share it without a copy. A blocked acquire's turn granted
+    /// in the enqueue's reply is returned (see [`Placed::turn`]).
+    pub(crate) fn enqueue_shared(
+        self: &Arc<Self>,
+        chat: &Arc<str>,
+        message_id: Option<&str>,
+        wait: Duration,
+        on_grant: impl Into<Ending>,
+    ) -> Result<Placed, CoordinationUnavailableError> {
+        crate::message::check_ids(chat, message_id)
+            .map_err(|e| CoordinationUnavailableError::invalid(chat, message_id, e))?;
+        let stored = match stored_chat(chat) {
+            std::borrow::Cow::Borrowed(_) => chat.clone(),
+            std::borrow::Cow::Owned(s) => Arc::from(s),
+        };
+        self.enqueue_stored(stored, message_id, wait, on_grant)
     }
 
     /// Places a ticket on a chat given in its stored form (a user's chat, or a
     /// reserved lease name); returns the ticket's sequence number with the answer.
     pub(crate) fn enqueue_stored(
         self: &Arc<Self>,
-        chat: &str,
+        chat_arc: Arc<str>,
         message_id: Option<&str>,
         wait: Duration,
-        on_grant: OnGrant,
-    ) -> Result<(Accepted, u64), CoordinationUnavailableError> {
+        on_grant: impl Into<Ending>,
+    ) -> Result<Placed, CoordinationUnavailableError> {
+        let on_grant = on_grant.into();
+        let chat: &str = &chat_arc;
         let metered = !is_reserved(chat);
         if self.state.load(Ordering::Acquire) != RUNNING {
             if metered {
@@ -390,14 +404,18 @@ impl Inner {
             ));
         }
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let placed = |accepted| Placed {
+            accepted,
+            seq,
+            turn: None,
+        };
         let ticket = self.ticket(seq);
-        let chat_arc: Arc<str> = Arc::from(chat);
         let since = self.clock.now();
         // Registered before the call: a push may arrive before `enqueue` returns.
         self.waiting.lock().insert(
             seq,
             Waiter {
-                chat: chat_arc,
+                chat: chat_arc.clone(),
                 message_id: message_id.map(Arc::from),
                 since,
                 wait,
@@ -422,11 +440,16 @@ impl Inner {
                 if metered {
                     inc(&self.metrics.accepted);
                 }
+                let mut turn = None;
                 if let Some(w) = self.take_waiter(seq) {
                     // The lease started after this request was sent.
-                    self.grant_to(w, grant, false, sent + self.trusted);
+                    let (held, ending) = self.make_turn(w, grant, false, sent + self.trusted);
+                    turn = ending.take_turn(held);
                 }
-                Ok((Accepted::Queued, seq))
+                Ok(Placed {
+                    turn,
+                    ..placed(Accepted::Queued)
+                })
             }
             Ok(answer @ (Enqueued::Queued | Enqueued::InFlight)) => {
                 if metered {
@@ -459,7 +482,7 @@ impl Inner {
                         }),
                     );
                 }
-                Ok((Accepted::Queued, seq))
+                Ok(placed(Accepted::Queued))
             }
             Ok(Enqueued::Duplicate) => {
                 if self.take_waiter(seq).is_none() {
@@ -469,10 +492,10 @@ impl Inner {
                     if metered {
                         inc(&self.metrics.accepted);
                     }
-                    return Ok((Accepted::Queued, seq));
+                    return Ok(placed(Accepted::Queued));
                 }
                 inc(&self.metrics.duplicates);
-                Ok((Accepted::Duplicate, seq))
+                Ok(placed(Accepted::Duplicate))
             }
             Err(e) => {
                 inc(&self.metrics.backend_errors);
@@ -484,7 +507,7 @@ impl Inner {
                         inc(&self.metrics.accepted);
                     }
                     log::debug!(target: "botmesh::replica", "enqueue on chat {:?} failed after its grant arrived: {e}", shown_chat(chat));
-                    return Ok((Accepted::Queued, seq));
+                    return Ok(placed(Accepted::Queued));
                 }
                 self.ghosts
                     .lock()
@@ -527,11 +550,12 @@ impl Inner {
         }
         // Known lost here (by the renewal, or by our own clock): still release at the
         // coordinator, which refuses it if the chat moved on and frees it at once if not.
-        let locally_lost = state.is_lost_at(self.clock.now());
+        // One clock read serves the verdict and the release's send time.
+        let sent = self.clock.now();
+        let locally_lost = state.is_lost_at(sent);
         if locally_lost && was_held && metered {
             inc(&self.metrics.lost);
         }
-        let sent = self.clock.now();
         let released = self.coordinator.release(&state.lease(), handled);
         self.releasing.lock().remove(&(seq, state.token));
         match released {
@@ -655,7 +679,7 @@ impl Inner {
                     w.message_id.as_deref(),
                 );
                 log::debug!(target: "botmesh::replica", "{err}");
-                (w.on_grant)(Err(NoTurn::Failed(err)));
+                w.on_grant.end(Err(NoTurn::Failed(err)));
             }
             Err(e) => {
                 inc(&self.metrics.backend_errors);
@@ -666,7 +690,7 @@ impl Inner {
                 )
                 .with_source(e);
                 log::debug!(target: "botmesh::replica", "{err}");
-                (w.on_grant)(Err(NoTurn::Failed(err)));
+                w.on_grant.end(Err(NoTurn::Failed(err)));
             }
         }
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use super::client::{Inner, NoTurn, Waiter};
+use super::client::{Ending, Inner, NoTurn, Waiter};
 use super::lease::{TurnState, clock_ns, period};
 use super::names::{is_reserved, shown_chat};
 use super::turn::Turn;
@@ -168,11 +168,12 @@ impl Inner {
                     inc(&self.metrics.lost);
                 }
                 self.release_ghost(chat, &grant);
-                (w.on_grant)(Err(NoTurn::Failed(CoordinationUnavailableError::new(
-                    Reason::Lost,
-                    shown_chat(&w.chat),
-                    w.message_id.as_deref(),
-                ))));
+                w.on_grant
+                    .end(Err(NoTurn::Failed(CoordinationUnavailableError::new(
+                        Reason::Lost,
+                        shown_chat(&w.chat),
+                        w.message_id.as_deref(),
+                    ))));
             }
         }
     }
@@ -186,6 +187,20 @@ impl Inner {
         queued: bool,
         valid_until: Instant,
     ) {
+        let (turn, ending) = self.make_turn(w, grant, queued, valid_until);
+        ending.end(Ok(turn));
+    }
+
+    /// Turns a grant into a held turn for the ticket's waiter; returns it with its
+    /// `Ending` still to be told, to be handed over by the caller: see
+    /// [`Ending::take_turn`].
+    pub(super) fn make_turn(
+        self: &Arc<Self>,
+        w: Waiter,
+        grant: Grant,
+        queued: bool,
+        valid_until: Instant,
+    ) -> (Turn, Ending) {
         let waited = self.clock.now().saturating_duration_since(w.since);
         let state = Arc::new(TurnState {
             chat: w.chat,
@@ -211,7 +226,7 @@ impl Inner {
         if metered && turn.is_handover() {
             inc(&self.metrics.handovers);
         }
-        (w.on_grant)(Ok(turn));
+        (turn, w.on_grant)
     }
 }
 

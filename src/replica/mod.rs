@@ -16,11 +16,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
-
 use crate::clock::Clock;
 use crate::coordinator::{BackendError, Coordinator};
-use crate::error::{CoordinationUnavailableError, Reason};
+use crate::error::CoordinationUnavailableError;
 use crate::metrics::{Metrics, MetricsSnapshot};
 
 mod client;
@@ -28,6 +26,7 @@ mod grants;
 mod lease;
 mod names;
 mod renewal;
+mod slot;
 mod turn;
 mod waiters;
 
@@ -35,6 +34,7 @@ pub use self::client::Accepted;
 pub(crate) use self::client::{Inner, NoTurn, OnGrant};
 pub(crate) use self::lease::{TurnState, period};
 pub(crate) use self::names::provider_lease;
+use self::slot::{Ending, Fill, Slot};
 pub use self::turn::Turn;
 
 /// The default clock drift allowance for a lease TTL: a twentieth of it (500 ms of a
@@ -44,42 +44,6 @@ pub use self::turn::Turn;
 /// nothing while renewals succeed (each puts the end a TTL ahead).
 pub(crate) fn default_drift(ttl: Duration) -> Duration {
     ttl / 20
-}
-
-/// Where a blocked [`Replica::acquire`] waits for its answer.
-#[derive(Default)]
-struct Slot {
-    result: Mutex<Option<Result<Turn, CoordinationUnavailableError>>>,
-    ready: Condvar,
-}
-
-/// Fills a [`Slot`] once; if dropped unfilled (the replica was aborted and forgot its
-/// waiters), fills it with `shutting_down` so the caller never blocks forever.
-struct Fill {
-    slot: Arc<Slot>,
-    chat: Arc<str>,
-}
-
-impl Fill {
-    fn put(self, r: Result<Turn, CoordinationUnavailableError>) {
-        *self.slot.result.lock() = Some(r);
-        self.slot.ready.notify_one();
-        // `self` drops here with the slot filled; `Drop` sees that and does nothing.
-    }
-}
-
-impl Drop for Fill {
-    fn drop(&mut self) {
-        let mut result = self.slot.result.lock();
-        if result.is_none() {
-            *result = Some(Err(CoordinationUnavailableError::new(
-                Reason::ShuttingDown,
-                &self.chat,
-                None,
-            )));
-            self.slot.ready.notify_one();
-        }
-    }
 }
 
 /// One replica of a bot: a name, a coordinator, and the threads that keep its leases.
@@ -196,10 +160,9 @@ impl Replica {
         chat: &str,
         timeout: Duration,
     ) -> Result<Turn, CoordinationUnavailableError> {
-        match Instant::now().checked_add(timeout) {
-            Some(deadline) => self.acquire_deadline(chat, deadline),
-            None => self.acquire(chat),
-        }
+        // The same as a deadline `timeout` from now, without reading the clock here:
+        // the wait is counted from the enqueue's own clock read.
+        self.acquire_for(chat, timeout)
     }
 
     /// Waits for `chat`'s turn until `deadline` (an instant of the real clock).
@@ -219,28 +182,15 @@ impl Replica {
         chat: &str,
         wait: Duration,
     ) -> Result<Turn, CoordinationUnavailableError> {
-        let slot = Arc::new(Slot::default());
-        let fill = Fill {
-            slot: slot.clone(),
-            chat: Arc::from(chat),
-        };
-        let chat_name: Arc<str> = Arc::from(chat);
-        // No message id: a lock's wait never ends as a duplicate.
-        let on_grant: OnGrant = Box::new(move |r| {
-            fill.put(r.map_err(|no| match no {
-                NoTurn::Failed(e) => e,
-                NoTurn::Duplicate => {
-                    CoordinationUnavailableError::new(Reason::Lost, &chat_name, None)
-                }
-            }))
-        });
-        self.inner.enqueue(chat, None, wait, on_grant)?;
-        let mut result = slot.result.lock();
-        loop {
-            if let Some(r) = result.take() {
-                return r;
-            }
-            slot.ready.wait(&mut result);
+        let chat: Arc<str> = Arc::from(chat);
+        let slot = Slot::for_this_thread();
+        let fill = Fill::new(slot.clone(), chat.clone());
+        let placed = self
+            .inner
+            .enqueue_shared(&chat, None, wait, Ending::Slot(fill))?;
+        match placed.turn {
+            Some(turn) => Ok(turn),
+            None => slot.wait(),
         }
     }
 

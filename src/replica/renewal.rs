@@ -427,7 +427,7 @@ impl Inner {
                 // ends as a duplicate, which it is.
                 if let Some(w) = self.take_waiter(seq) {
                     inc(&self.metrics.duplicates);
-                    (w.on_grant)(Err(NoTurn::Duplicate));
+                    w.on_grant.end(Err(NoTurn::Duplicate));
                 }
             }
             Err(e) => {
@@ -494,7 +494,7 @@ impl Inner {
                 w.message_id.as_deref(),
             );
             log::warn!(target: "botmesh::replica", "{err}: its ticket lapsed while this replica was out of touch ({why})");
-            (w.on_grant)(Err(NoTurn::Failed(err)));
+            w.on_grant.end(Err(NoTurn::Failed(err)));
         }
     }
 }

@@ -96,11 +96,16 @@ impl<G> Waiters<G> {
 
     /// One waiter of `chat` left; returns the chat's latest refresh.
     fn forget(&mut self, chat: &Arc<str>) -> Option<Instant> {
-        let c = self.chats.get_mut(chat)?;
+        // One lookup (the entry API), where `get_mut` and `remove` would hash twice.
+        let std::collections::hash_map::Entry::Occupied(mut e) = self.chats.entry(chat.clone())
+        else {
+            return None;
+        };
+        let c = e.get_mut();
         let refreshed = c.refreshed;
         c.waiters = c.waiters.saturating_sub(1);
         if c.waiters == 0 {
-            self.chats.remove(chat);
+            e.remove();
         }
         refreshed
     }
