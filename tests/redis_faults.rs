@@ -693,20 +693,9 @@ fn wait_replicas_refuses_what_no_replica_acknowledged() {
         "{e}"
     );
     let c = RedisCoordinator::connect(options(1)).expect("connect");
-    let id: botmesh::ReplicaId = Arc::from("w");
-    c.attach(&id, Arc::new(|_: &str, _| {})).expect("attach");
-    let ticket = |seq| Ticket {
-        replica: id.clone(),
-        seq,
-    };
-    fn request(t: &Ticket) -> EnqueueRequest<'_> {
-        EnqueueRequest {
-            chat: "chat",
-            ticket: t,
-            message_id: None,
-            wait: Duration::from_secs(30),
-        }
-    }
+    let caller = support::Caller::attach(&c, "w");
+    let ticket = |seq| caller.ticket(seq);
+    let request = support::request;
     let first = ticket(1);
     let Ok(Enqueued::Granted(grant)) = c.enqueue(&request(&first)) else {
         panic!("granted once the replica acknowledged");

@@ -85,7 +85,7 @@ fn an_unknown_service_is_reported() {
 /// set-up does not have, is refused at connect.
 #[test]
 fn wait_replicas_counts_a_write_once_replicated() {
-    use botmesh::{EnqueueRequest, Enqueued, HeldLease, Released, Ticket};
+    use botmesh::{Enqueued, HeldLease, Released};
     let servers = RedisSentinel::start();
     let with = |n: usize| {
         let options = RedisOptions::sentinel(servers.sentinel_urls(), SERVICE)
@@ -99,20 +99,10 @@ fn wait_replicas_counts_a_write_once_replicated() {
         c.pushes_need_confirmation(),
         "a push leaves before its grant is replicated"
     );
-    let id: botmesh::ReplicaId = Arc::from("w");
-    c.attach(&id, Arc::new(|_: &str, _| {})).expect("attach");
-    let ticket = |seq| Ticket {
-        replica: id.clone(),
-        seq,
-    };
-    fn request(t: &Ticket) -> EnqueueRequest<'_> {
-        EnqueueRequest {
-            chat: "chat",
-            ticket: t,
-            message_id: None,
-            wait: Duration::from_secs(30),
-        }
-    }
+    let caller = support::Caller::attach(&c, "w");
+    let ticket = |seq| caller.ticket(seq);
+    let request = support::request;
+    let id = caller.id.clone();
     let (first, second) = (ticket(1), ticket(2));
     let Ok(Enqueued::Granted(grant)) = c.enqueue(&request(&first)) else {
         panic!("a free chat is granted at once, once replicated");

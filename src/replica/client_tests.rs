@@ -221,6 +221,17 @@ fn cut_off_for_nine_seconds(w: &World, h: &Arc<Inner>, r: &Arc<Inner>) {
     *w.backend.cut_off.lock() = None;
 }
 
+/// Replica h holds "chat" and r waits on it, r cut off for 9 s meanwhile: a grant
+/// pushed to r now has 1 s of r's liveness left, and is confirmed before use.
+fn held_with_a_stale_waiter(w: &World) -> (Arc<Inner>, Arc<Inner>, Turn, Receiver<Ended>) {
+    let h = w.replica("h");
+    let r = w.replica("r");
+    let h_turn = turn(&take(&h, "chat", None));
+    let waiting = take(&r, "chat", None);
+    cut_off_for_nine_seconds(w, &h, &r);
+    (h, r, h_turn, waiting)
+}
+
 fn turn(rx: &Receiver<Ended>) -> Turn {
     match rx.try_recv() {
         Ok(Ok(t)) => t,
@@ -468,12 +479,7 @@ fn a_grant_with_little_of_its_grantees_liveness_left_is_confirmed_before_use() {
 #[test]
 fn a_pushed_grant_whose_confirmation_fails_waits_for_the_re_check() {
     let w = World::new();
-    let h = w.replica("h");
-    let r = w.replica("r");
-    let h_turn = turn(&take(&h, "chat", None));
-    let waiting = take(&r, "chat", None);
-    // Unrefreshed for 9 s: the push is confirmed before use, and that fails.
-    cut_off_for_nine_seconds(&w, &h, &r);
+    let (_h, r, h_turn, waiting) = held_with_a_stale_waiter(&w);
     *w.backend.cut_off.lock() = Some(r.id.clone());
     h_turn.release().expect("h releases");
     assert!(
@@ -567,12 +573,7 @@ fn an_enqueue_that_fails_after_its_grant_arrived_ends_once() {
 #[test]
 fn a_second_copy_of_a_grant_being_confirmed_is_not_released() {
     let w = World::new();
-    let h = w.replica("h");
-    let r = w.replica("r");
-    let h_turn = turn(&take(&h, "chat", None));
-    let waiting = take(&r, "chat", None);
-    // Unrefreshed for 9 s: the push will be confirmed before use.
-    cut_off_for_nine_seconds(&w, &h, &r);
+    let (_h, r, h_turn, waiting) = held_with_a_stale_waiter(&w);
     let r2 = r.clone();
     *w.backend.with_held.lock() = Some(Box::new(move |held: &[HeldLease<'_>]| {
         let copy = Grant {

@@ -55,3 +55,37 @@ pub fn serial() -> MutexGuard<'static, ()> {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// A coordinator-level caller for tests that drive a backend directly: replica `id`,
+/// attached with a sink that drops every push, asking for chat `"chat"`.
+pub struct Caller {
+    pub id: botmesh::ReplicaId,
+}
+
+impl Caller {
+    /// Attaches replica `id` to `c` (pushes dropped).
+    pub fn attach(c: &dyn botmesh::Coordinator, id: &str) -> Self {
+        let id: botmesh::ReplicaId = std::sync::Arc::from(id);
+        c.attach(&id, std::sync::Arc::new(|_: &str, _| {}))
+            .expect("attach");
+        Caller { id }
+    }
+
+    /// Ticket `seq` of this replica.
+    pub fn ticket(&self, seq: u64) -> botmesh::Ticket {
+        botmesh::Ticket {
+            replica: self.id.clone(),
+            seq,
+        }
+    }
+}
+
+/// An enqueue of `ticket` on chat `"chat"`, no message id, waiting up to 30 s.
+pub fn request(ticket: &botmesh::Ticket) -> botmesh::EnqueueRequest<'_> {
+    botmesh::EnqueueRequest {
+        chat: "chat",
+        ticket,
+        message_id: None,
+        wait: std::time::Duration::from_secs(30),
+    }
+}
