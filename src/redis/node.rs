@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
-use redis::{Client, Connection, RedisResult, Value};
+use parking_lot::{Condvar, Mutex};
+use redis::{Client, Connection, ErrorKind, RedisError, RedisResult, Value};
 
 use crate::coordinator::BackendError;
 
@@ -28,15 +28,197 @@ pub(super) fn slot_of(key: &[u8]) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(hashed) % SLOTS as u16
 }
 
+/// Whether an error leaves the connection unusable (the replies after it are lost).
+pub(super) fn is_transient(e: &RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_unrecoverable_error()
+}
+
+/// Reads `n` replies of a pipeline. After an error that breaks the connection the
+/// remaining replies are that error's kind of loss, not read; `false` then, and the
+/// connection must not be reused.
+pub(super) fn read_replies(con: &mut Connection, n: usize) -> (Vec<RedisResult<Value>>, bool) {
+    let mut out = Vec::with_capacity(n);
+    let mut usable = true;
+    for _ in 0..n {
+        if !usable {
+            out.push(Err(lost_earlier()));
+            continue;
+        }
+        let reply = con.recv_response();
+        if let Err(e) = &reply
+            && is_transient(e)
+        {
+            usable = false;
+        }
+        out.push(reply);
+    }
+    (out, usable)
+}
+
+fn lost_earlier() -> RedisError {
+    RedisError::from((ErrorKind::Io, "connection lost earlier in the pipeline"))
+}
+
 /// One Redis server, with its pool of idle connections.
 pub(super) struct Node {
     /// `host:port`, for error messages and to find the node again after a refresh.
     pub(super) addr: String,
     pub(super) client: Client,
     pub(super) pool: Mutex<Vec<Connection>>,
+    /// Pipelines of this process's threads to this node, sent together.
+    pub(super) batch: Combiner,
+}
+
+/// Group commit of the pipelines that several threads have for one node: while one
+/// batch is on the wire the others queue, and the next thread to send takes every
+/// queued pipeline as one write and reads all their replies. Most of what a turn call
+/// costs the server is the kernel's (a read event, a send, a wake-up per call), so a
+/// batch of k calls costs about one call's system overhead instead of k. Nothing
+/// waits for a batch to fill: a thread that finds no batch in flight sends at once,
+/// so an uncontended call costs what it did.
+#[derive(Default)]
+pub(super) struct Combiner {
+    queue: Mutex<Queue>,
+    /// Signalled when a batch is done: its callers find their replies, and one of the
+    /// rest becomes the next sender.
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Queued calls, in arrival order (their pipelines go in this order).
+    waiting: Vec<Arc<Call>>,
+    /// A batch is on the wire: whoever queues now waits for it to end.
+    sending: bool,
+}
+
+/// One thread's pipeline in a batch.
+struct Call {
+    packed: Vec<u8>,
+    /// How many replies the pipeline has: the sender reads this many for it.
+    replies: usize,
+    /// The write's failure, or the replies; filled by the batch's sender.
+    outcome: Mutex<Option<Outcome>>,
+}
+
+/// A pipeline's fate: not written (the connection or the write failed), or its replies.
+pub(super) type Outcome = Result<Vec<RedisResult<Value>>, RedisError>;
+
+/// The end of a batch, also if its sender unwinds: every call has an outcome and
+/// the queue is open again, so no caller waits for a batch that will never end.
+struct Sending<'a> {
+    combiner: &'a Combiner,
+    calls: &'a [Arc<Call>],
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        for c in self.calls {
+            let mut outcome = c.outcome.lock();
+            if outcome.is_none() {
+                *outcome = Some(Err(lost_earlier()));
+            }
+        }
+        self.combiner.queue.lock().sending = false;
+        self.combiner.done.notify_all();
+    }
+}
+
+impl Combiner {
+    /// Queues a pipeline and waits for its outcome; when no batch is in flight, this
+    /// thread is the sender: `send` gets every queued call (this one included) and
+    /// must fill each one's outcome.
+    fn run(&self, packed: Vec<u8>, replies: usize, send: impl FnOnce(&[Arc<Call>])) -> Outcome {
+        let call = Arc::new(Call {
+            packed,
+            replies,
+            outcome: Mutex::new(None),
+        });
+        let mut q = self.queue.lock();
+        q.waiting.push(call.clone());
+        while q.sending {
+            self.done.wait(&mut q);
+            if let Some(outcome) = call.outcome.lock().take() {
+                return outcome;
+            }
+        }
+        // This thread sends the batch: its own call and every one queued meanwhile.
+        let calls = std::mem::take(&mut q.waiting);
+        q.sending = true;
+        drop(q);
+        let sending = Sending {
+            combiner: self,
+            calls: &calls,
+        };
+        send(sending.calls);
+        drop(sending);
+        call.outcome
+            .lock()
+            .take()
+            .unwrap_or_else(|| Err(lost_earlier()))
+    }
 }
 
 impl Node {
+    /// Sends `packed` (a pipeline of `replies` commands) to this node, in one batch
+    /// with whatever other threads send at the same time, and returns its replies in
+    /// order. `Err` when the pipeline was not written (no connection, or the write
+    /// failed: the pool is dropped); a connection that breaks while the replies are
+    /// read fails the replies from there on (see [`read_replies`]).
+    pub(super) fn exchange(
+        &self,
+        packed: Vec<u8>,
+        replies: usize,
+        connect: Duration,
+        io: Duration,
+    ) -> Outcome {
+        self.batch
+            .run(packed, replies, |calls| self.send_batch(calls, connect, io))
+    }
+
+    /// Writes the calls' pipelines as one, reads every reply, and gives each call its
+    /// own; every call gets an outcome.
+    fn send_batch(&self, calls: &[Arc<Call>], connect: Duration, io: Duration) {
+        let written = self.take(connect, io).and_then(|mut con| {
+            if let [one] = calls {
+                con.send_packed_command(&one.packed)?;
+            } else {
+                let mut all = Vec::with_capacity(calls.iter().map(|c| c.packed.len()).sum());
+                for c in calls {
+                    all.extend_from_slice(&c.packed);
+                }
+                con.send_packed_command(&all)?;
+            }
+            Ok(con)
+        });
+        let mut con = match written {
+            Ok(con) => con,
+            Err(e) => {
+                self.clear();
+                for c in calls {
+                    *c.outcome.lock() = Some(Err(e.clone()));
+                }
+                return;
+            }
+        };
+        let mut usable = true;
+        for c in calls {
+            let replies = if usable {
+                let (replies, ok) = read_replies(&mut con, c.replies);
+                usable = ok;
+                replies
+            } else {
+                (0..c.replies).map(|_| Err(lost_earlier())).collect()
+            };
+            *c.outcome.lock() = Some(Ok(replies));
+        }
+        if usable {
+            self.give(con);
+        } else {
+            self.clear();
+        }
+    }
+
     /// A pooled connection, or a new one: `connect` bounds the connection (and TLS
     /// handshake), `io` every read and write on it.
     pub(super) fn take(&self, connect: Duration, io: Duration) -> RedisResult<Connection> {
@@ -180,6 +362,87 @@ pub(super) fn parse_slots(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::mpsc;
+
+    /// A sender that answers each call with its pipeline's first byte, and tells
+    /// which calls it sent together.
+    fn answer(calls: &[Arc<Call>], batches: &mpsc::Sender<Vec<u8>>) {
+        let firsts: Vec<u8> = calls.iter().map(|c| c.packed[0]).collect();
+        for c in calls {
+            *c.outcome.lock() = Some(Ok(vec![Ok(Value::Int(i64::from(c.packed[0])))]));
+        }
+        let _ = batches.send(firsts);
+    }
+
+    fn queued(c: &Combiner) -> usize {
+        c.queue.lock().waiting.len()
+    }
+
+    #[test]
+    fn calls_queued_behind_a_batch_go_out_together_and_get_their_own_replies() {
+        let combiner = Arc::new(Combiner::default());
+        let (batches, sent) = mpsc::channel();
+        let (hold, held) = mpsc::channel::<()>();
+        let (entered, sending) = mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let first = {
+                let (c, b) = (combiner.clone(), batches.clone());
+                s.spawn(move || {
+                    c.run(vec![1], 1, |calls| {
+                        let _ = entered.send(());
+                        // The wire is busy until the test lets it go.
+                        let _ = held.recv();
+                        answer(calls, &b);
+                    })
+                })
+            };
+            // The first call is on the wire: the next ones queue.
+            sending.recv().unwrap();
+            let others: Vec<_> = [2u8, 3, 4]
+                .into_iter()
+                .map(|k| {
+                    let (c, b) = (combiner.clone(), batches.clone());
+                    s.spawn(move || c.run(vec![k], 1, |calls| answer(calls, &b)))
+                })
+                .collect();
+            while queued(&combiner) < 3 {
+                std::thread::yield_now();
+            }
+            hold.send(()).unwrap();
+            let got = |h: std::thread::ScopedJoinHandle<'_, Outcome>| {
+                let replies = h.join().unwrap().unwrap();
+                match replies.as_slice() {
+                    [Ok(Value::Int(k))] => *k,
+                    other => panic!("unexpected replies {other:?}"),
+                }
+            };
+            assert_eq!(got(first), 1);
+            for (h, k) in others.into_iter().zip([2, 3, 4]) {
+                assert_eq!(got(h), k, "a call got another call's reply");
+            }
+        });
+        drop(batches);
+        let batches: Vec<Vec<u8>> = sent.iter().collect();
+        // The three queued calls went out as one batch, in the order they queued.
+        assert_eq!(batches.len(), 2, "batches: {batches:?}");
+        assert_eq!(batches[0], vec![1]);
+        let mut second = batches[1].clone();
+        second.sort_unstable();
+        assert_eq!(second, vec![2, 3, 4]);
+    }
+
+    #[test]
+    fn a_sender_that_fails_every_call_ends_each_with_an_error_and_frees_the_queue() {
+        let combiner = Combiner::default();
+        // A sender that fills nothing: each call still ends, with the loss error.
+        let outcome = combiner.run(vec![1], 1, |_| {});
+        assert!(outcome.is_err(), "{outcome:?}");
+        // The queue is open for the next call.
+        let next = combiner.run(vec![7], 1, |calls| {
+            *calls[0].outcome.lock() = Some(Ok(vec![Ok(Value::Int(7))]));
+        });
+        assert!(matches!(next.unwrap().as_slice(), [Ok(Value::Int(7))]));
+    }
 
     #[test]
     fn slots_follow_the_cluster_specification() {

@@ -51,7 +51,7 @@ use redis::{
     ServerErrorKind, Value,
 };
 
-use super::node::{Map, Node, parse_slots};
+use super::node::{Map, Node, Outcome, is_transient, parse_slots, read_replies};
 use super::url::{describe_at, host_port};
 use crate::coordinator::BackendError;
 
@@ -100,8 +100,28 @@ pub(super) struct Target {
 /// The shortest time a connection may take to open while the coordinator connects.
 const STARTUP_CONNECT: Duration = Duration::from_secs(2);
 
-fn is_transient(e: &RedisError) -> bool {
-    e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_unrecoverable_error()
+/// The pipeline of commands `ids` for one node (each preceded by `ASKING` where a
+/// migration redirected it, the `WAIT` trailer last) and how many replies it has.
+fn pack(
+    cmds: &[(u16, &Cmd)],
+    ids: &[usize],
+    asking: &HashMap<usize, Arc<Node>>,
+    trailer: &[u8],
+) -> (Vec<u8>, usize) {
+    let mut packed = Vec::new();
+    let mut n = ids.len();
+    for &i in ids {
+        if asking.contains_key(&i) {
+            redis::cmd("ASKING").write_packed_command(&mut packed);
+            n += 1;
+        }
+        cmds[i].1.write_packed_command(&mut packed);
+    }
+    if !trailer.is_empty() {
+        packed.extend_from_slice(trailer);
+        n += 1;
+    }
+    (packed, n)
 }
 
 /// What to do about one command's answer.
@@ -221,6 +241,7 @@ impl Target {
             addr: addr.clone(),
             client,
             pool: Mutex::new(Vec::new()),
+            batch: Default::default(),
         });
         Ok(self.nodes.lock().entry(addr).or_insert(node).clone())
     }
@@ -535,25 +556,45 @@ impl Target {
                 .copied()
                 .filter(|i| !groups.iter().any(|(_, ids)| ids.contains(i)))
                 .collect();
-            // Write every node's pipeline first, then read the replies.
-            let mut sent: Vec<(Arc<Node>, Vec<usize>, Option<Connection>)> = Vec::new();
-            for (node, ids) in groups {
-                let mut packed = Vec::new();
-                for &i in &ids {
-                    if asking.contains_key(&i) {
-                        redis::cmd("ASKING").write_packed_command(&mut packed);
-                    }
-                    cmds[i].1.write_packed_command(&mut packed);
+            // Each node's replies, in the pipeline's order (`ASKING` and `WAIT`
+            // included), or the error that kept its pipeline from being written.
+            let mut sent: Vec<(Arc<Node>, Vec<usize>, Outcome)> = Vec::new();
+            if let [(node, ids)] = groups.as_slice() {
+                // One node (every turn call but a cluster's renewal tick): sent in a
+                // batch with the other threads' calls to it (group commit).
+                let (packed, n) = pack(cmds, ids, &asking, &trailer);
+                let outcome = node.exchange(packed, n, self.connect_timeout(), self.timeout);
+                sent.push((node.clone(), ids.clone(), outcome));
+            } else {
+                // Write every node's pipeline first, then read the replies: a round
+                // costs about one round trip however many nodes it touches.
+                let mut written = Vec::new();
+                for (node, ids) in groups {
+                    let (packed, n) = pack(cmds, &ids, &asking, &trailer);
+                    let con =
+                        node.take(self.connect_timeout(), self.timeout)
+                            .and_then(|mut con| {
+                                con.send_packed_command(&packed)?;
+                                Ok(con)
+                            });
+                    written.push((node, ids, n, con));
                 }
-                packed.extend_from_slice(&trailer);
-                let con = node
-                    .take(self.connect_timeout(), self.timeout)
-                    .and_then(|mut con| {
-                        con.send_packed_command(&packed)?;
-                        Ok(con)
+                for (node, ids, n, con) in written {
+                    let outcome = con.map(|mut con| {
+                        let (replies, usable) = read_replies(&mut con, n);
+                        if usable {
+                            node.give(con);
+                        } else {
+                            node.clear();
+                        }
+                        replies
                     });
-                match con {
-                    Ok(con) => sent.push((node, ids, Some(con))),
+                    sent.push((node, ids, outcome));
+                }
+            }
+            for (node, ids, outcome) in sent {
+                let mut replies = match outcome {
+                    Ok(replies) => replies.into_iter(),
                     Err(e) => {
                         node.clear();
                         for &i in &ids {
@@ -561,27 +602,26 @@ impl Target {
                             next.push(i);
                         }
                         refresh.get_or_insert_with(|| node.addr.clone());
+                        continue;
                     }
-                }
-            }
-            for (node, ids, mut con) in sent {
+                };
+                let mut recv = || {
+                    replies.next().unwrap_or_else(|| {
+                        Err(RedisError::from((
+                            ErrorKind::Io,
+                            "connection lost earlier in the pipeline",
+                        )))
+                    })
+                };
                 let mut answered = Vec::new();
                 for &i in &ids {
                     let was_asking = asking.remove(&i).is_some();
-                    let reply = match con.as_mut() {
-                        Some(c) => {
-                            let skipped = if was_asking {
-                                c.recv_response().map(|_| ())
-                            } else {
-                                Ok(())
-                            };
-                            skipped.and_then(|()| c.recv_response())
-                        }
-                        None => Err(RedisError::from((
-                            ErrorKind::Io,
-                            "connection lost earlier in the pipeline",
-                        ))),
+                    let skipped = if was_asking {
+                        recv().map(|_| ())
+                    } else {
+                        Ok(())
                     };
+                    let reply = skipped.and_then(|()| recv());
                     let verdict = self.judge(reply);
                     match verdict {
                         Verdict::Done(Ok(v)) => {
@@ -638,10 +678,8 @@ impl Target {
                             next.push(i);
                         }
                         Verdict::Broken => {
-                            // The rest of this pipeline's replies are lost with it.
-                            if let Some(c) = con.take() {
-                                drop(c);
-                            }
+                            // The rest of this pipeline's replies are lost with it
+                            // (the connection was dropped as it broke).
                             node.clear();
                             last_err.insert(i, BackendError::new(format!(
                                 "redis at {}: connection lost or no reply within the command timeout ({})",
@@ -651,10 +689,10 @@ impl Target {
                         }
                     }
                 }
-                if let (Some((n, _)), Some(c)) = (replicas, con.as_mut()) {
+                if let Some((n, _)) = replicas {
                     // How many replicas have this pipeline's writes; a failed read
                     // leaves the answers counted as not replicated.
-                    match c.recv_response().and_then(Value::extract_error) {
+                    match recv().and_then(Value::extract_error) {
                         Ok(Value::Int(got)) if got >= i64::from(n) => {
                             for &i in &answered {
                                 durable[i] = true;
@@ -664,13 +702,8 @@ impl Target {
                         Err(e) => {
                             short = true;
                             log::debug!(target: "botmesh::redis", "WAIT at {}: {e}", node.addr);
-                            con = None;
-                            node.clear();
                         }
                     }
-                }
-                if let Some(c) = con {
-                    node.give(c);
                 }
             }
             pending = next;
