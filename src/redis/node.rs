@@ -126,9 +126,20 @@ impl Drop for Sending<'_> {
 
 impl Combiner {
     /// Queues a pipeline and waits for its outcome; when no batch is in flight, this
-    /// thread is the sender: `send` gets every queued call (this one included) and
-    /// must fill each one's outcome.
-    fn run(&self, packed: Vec<u8>, replies: usize, send: impl FnOnce(&[Arc<Call>])) -> Outcome {
+    /// thread is the sender: `send` gets every queued call (this one included), must
+    /// fill each one's outcome, and says whether the connection held.
+    ///
+    /// When it broke, the calls queued meanwhile fail at once, unsent, instead of
+    /// waiting out a command timeout of their own on a server that just failed one:
+    /// a caller then waits for at most one batch before its round ends, which keeps
+    /// a call within the bound the lease TTL is checked against (see
+    /// [`Target`](super::target)), and its retry goes out after the map is read again.
+    fn run(
+        &self,
+        packed: Vec<u8>,
+        replies: usize,
+        send: impl FnOnce(&[Arc<Call>]) -> bool,
+    ) -> Outcome {
         let call = Arc::new(Call {
             packed,
             replies,
@@ -150,7 +161,15 @@ impl Combiner {
             combiner: self,
             calls: &calls,
         };
-        send(sending.calls);
+        if !send(sending.calls) {
+            let queued = std::mem::take(&mut self.queue.lock().waiting);
+            for c in queued {
+                *c.outcome.lock() = Some(Err(RedisError::from((
+                    ErrorKind::Io,
+                    "not sent: the connection to this node broke under the batch before it",
+                ))));
+            }
+        }
         drop(sending);
         call.outcome
             .lock()
@@ -178,7 +197,7 @@ impl Node {
 
     /// Writes the calls' pipelines as one, reads every reply, and gives each call its
     /// own; every call gets an outcome.
-    fn send_batch(&self, calls: &[Arc<Call>], connect: Duration, io: Duration) {
+    fn send_batch(&self, calls: &[Arc<Call>], connect: Duration, io: Duration) -> bool {
         let written = self.take(connect, io).and_then(|mut con| {
             if let [one] = calls {
                 con.send_packed_command(&one.packed)?;
@@ -198,7 +217,7 @@ impl Node {
                 for c in calls {
                     *c.outcome.lock() = Some(Err(e.clone()));
                 }
-                return;
+                return false;
             }
         };
         let mut usable = true;
@@ -217,6 +236,7 @@ impl Node {
         } else {
             self.clear();
         }
+        usable
     }
 
     /// A pooled connection, or a new one: `connect` bounds the connection (and TLS
@@ -366,12 +386,13 @@ mod tests {
 
     /// A sender that answers each call with its pipeline's first byte, and tells
     /// which calls it sent together.
-    fn answer(calls: &[Arc<Call>], batches: &mpsc::Sender<Vec<u8>>) {
+    fn answer(calls: &[Arc<Call>], batches: &mpsc::Sender<Vec<u8>>) -> bool {
         let firsts: Vec<u8> = calls.iter().map(|c| c.packed[0]).collect();
         for c in calls {
             *c.outcome.lock() = Some(Ok(vec![Ok(Value::Int(i64::from(c.packed[0])))]));
         }
         let _ = batches.send(firsts);
+        true
     }
 
     fn queued(c: &Combiner) -> usize {
@@ -392,7 +413,7 @@ mod tests {
                         let _ = entered.send(());
                         // The wire is busy until the test lets it go.
                         let _ = held.recv();
-                        answer(calls, &b);
+                        answer(calls, &b)
                     })
                 })
             };
@@ -432,14 +453,56 @@ mod tests {
     }
 
     #[test]
+    fn calls_queued_behind_a_broken_batch_fail_unsent() {
+        let combiner = Arc::new(Combiner::default());
+        let (hold, held) = mpsc::channel::<()>();
+        let (entered, sending) = mpsc::channel::<()>();
+        let sent_again = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            let first = {
+                let c = combiner.clone();
+                s.spawn(move || {
+                    c.run(vec![1], 1, |calls| {
+                        let _ = entered.send(());
+                        let _ = held.recv();
+                        for c in calls {
+                            *c.outcome.lock() = Some(Err(lost_earlier()));
+                        }
+                        false
+                    })
+                })
+            };
+            sending.recv().unwrap();
+            let next = {
+                let (c, sent_again) = (combiner.clone(), &sent_again);
+                s.spawn(move || {
+                    c.run(vec![2], 1, |_| {
+                        sent_again.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        true
+                    })
+                })
+            };
+            while queued(&combiner) < 1 {
+                std::thread::yield_now();
+            }
+            hold.send(()).unwrap();
+            assert!(first.join().unwrap().is_err());
+            let err = next.join().unwrap().unwrap_err();
+            assert!(err.to_string().contains("not sent"), "{err}");
+        });
+        assert_eq!(sent_again.into_inner(), 0, "the queued call was sent");
+    }
+
+    #[test]
     fn a_sender_that_fails_every_call_ends_each_with_an_error_and_frees_the_queue() {
         let combiner = Combiner::default();
         // A sender that fills nothing: each call still ends, with the loss error.
-        let outcome = combiner.run(vec![1], 1, |_| {});
+        let outcome = combiner.run(vec![1], 1, |_| true);
         assert!(outcome.is_err(), "{outcome:?}");
         // The queue is open for the next call.
         let next = combiner.run(vec![7], 1, |calls| {
             *calls[0].outcome.lock() = Some(Ok(vec![Ok(Value::Int(7))]));
+            true
         });
         assert!(matches!(next.unwrap().as_slice(), [Ok(Value::Int(7))]));
     }

@@ -19,7 +19,11 @@
 //!
 //! A round sends every pending command, grouped into one pipeline per node (all
 //! pipelines are written before any reply is read, so a round costs about one round
-//! trip however many nodes it touches), then sorts each reply:
+//! trip however many nodes it touches), then sorts each reply. A round for one node
+//! (every turn call but a cluster's renewal tick) goes through the node's group
+//! commit ([`Node::exchange`]): the pipelines other threads of this process have for
+//! that node at the same moment go out with it in one write, and each thread sorts
+//! its own replies. The replies are sorted so:
 //!
 //! - `MOVED slot addr`: the slot's owner is set at once and the whole map is read
 //!   again (a failover moves many slots); the command goes to the new owner.
@@ -37,7 +41,12 @@
 //! At most [`ROUNDS`] rounds, and none starts once the command timeout has run out
 //! since the call began, so a call takes at most about twice the command timeout
 //! (the last round may itself wait a full timeout), the bound the lease TTL is
-//! checked against. Commands still pending then fail with the last error, each on
+//! checked against. Group commit can add one more: a round may first wait for the
+//! batch already on the wire to that node (bounded by the timeout too; when it
+//! breaks, the queued calls fail at once instead of being sent), so a slow server
+//! that still answers can stretch a call to about three command timeouts. The
+//! default command timeout is a third of the TTL, and a lease's end is counted from
+//! before its renewal was sent, so a late answer costs the lease, never safety. Commands still pending then fail with the last error, each on
 //! its own: the other nodes' answers stand. Every script is safe to repeat, so a
 //! command whose reply was lost may run twice.
 
