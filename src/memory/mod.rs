@@ -311,6 +311,15 @@ impl Coordinator for MemoryCoordinator {
         )
     }
 
+    fn grant_if_free(&self, req: &EnqueueRequest<'_>) -> Result<Option<Grant>, BackendError> {
+        // A sign of life like `enqueue`. Nothing is queued, so nothing is pushed.
+        Ok(self.on_chat(
+            req.chat,
+            Some(&req.ticket.replica),
+            |shard, env, _pushes| shard.grant_if_free(env, req),
+        ))
+    }
+
     fn cancel(&self, w: &Waiting<'_>) -> Result<Option<Grant>, BackendError> {
         Ok(self.on_chat(w.chat, None, |shard, env, pushes| {
             shard.cancel(env, w, pushes)

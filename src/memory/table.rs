@@ -346,6 +346,36 @@ impl Shard {
         }
     }
 
+    /// See [`Coordinator::grant_if_free`](crate::Coordinator::grant_if_free): the
+    /// uncontended path of [`Shard::enqueue`] alone. A chat with a holder (even an
+    /// expired one, which `enqueue` settles) or a queue is left untouched, as is one
+    /// whose previous state is unknown here; a new chat is made only to be granted.
+    pub(crate) fn grant_if_free(
+        &mut self,
+        env: &Env<'_>,
+        req: &EnqueueRequest<'_>,
+    ) -> Option<Grant> {
+        if req.message_id.is_some() {
+            // Duplicate suppression is the full enqueue's job.
+            return None;
+        }
+        let now = env.now;
+        let alive_until = (env.alive_until)(&req.ticket.replica).filter(|t| *t >= now)?;
+        let chat = match self.chats.get_mut(req.chat) {
+            Some(chat) if !chat.is_idle() => return None,
+            Some(chat) => chat,
+            None => self
+                .chats
+                .entry(req.chat.to_owned())
+                .or_insert_with(|| ChatState::new(now)),
+        };
+        if chat.idle_until < now {
+            // Idle past its history: forget the previous holder, as `enqueue` does.
+            chat.previous = None;
+        }
+        Some(grant(env, chat, req.ticket.clone(), alive_until))
+    }
+
     /// See [`Coordinator::cancel`](crate::Coordinator::cancel).
     pub(crate) fn cancel(
         &mut self,

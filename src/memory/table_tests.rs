@@ -319,3 +319,42 @@ fn enqueue_is_idempotent_per_ticket() {
     );
     assert_eq!(f.shard.active_chats(), 0);
 }
+
+/// The uncontended path alone grants a free chat as `enqueue` would (a rising token,
+/// the previous holder), and leaves a held or waited-for chat, or a request with a
+/// message id, to the full enqueue without touching it.
+#[test]
+fn grant_if_free_grants_only_a_free_chat_and_changes_nothing_else() {
+    let mut f = Fixture::new();
+    let free = |f: &mut Fixture, t: &Ticket, id: Option<&str>| {
+        let req = EnqueueRequest {
+            chat: "c",
+            ticket: t,
+            message_id: id,
+            wait: Duration::from_secs(60),
+        };
+        f.op(|s, env, _| s.grant_if_free(env, &req))
+    };
+    let first = free(&mut f, &ticket("a", 1), None).expect("a free chat is granted");
+    assert!(free(&mut f, &ticket("b", 1), None).is_none(), "held");
+    let queued = f.enqueue("c", &ticket("b", 2), None);
+    assert_eq!(queued, Enqueued::Queued);
+    assert!(matches!(
+        f.release("c", &first, None),
+        Released::Released { next: None }
+    ));
+    let next = f.pushed();
+    assert_eq!(next.len(), 1, "the queue keeps its turn: {next:?}");
+    assert!(free(&mut f, &ticket("a", 3), None).is_none(), "held by b");
+    assert!(matches!(
+        f.release("c", &next[0], None),
+        Released::Released { next: None }
+    ));
+    assert!(
+        free(&mut f, &ticket("a", 4), Some("m1")).is_none(),
+        "ids go to enqueue"
+    );
+    let again = free(&mut f, &ticket("a", 5), None).expect("free again");
+    assert!(again.token > next[0].token);
+    assert_eq!(again.previous.map(|p| p.replica), Some(Arc::from("b")));
+}

@@ -411,6 +411,37 @@ impl Inner {
         };
         let ticket = self.ticket(seq);
         let since = self.clock.now();
+        let sent = since; // one clock read serves both
+        if message_id.is_none() {
+            // A free chat granted without a place in its queue: no grant of this
+            // ticket can be pushed, so no waiter is registered first.
+            let request = EnqueueRequest {
+                chat,
+                ticket: &ticket,
+                message_id: None,
+                wait,
+            };
+            match self.coordinator.grant_if_free(&request) {
+                Ok(Some(grant)) => {
+                    if metered {
+                        inc(&self.metrics.accepted);
+                    }
+                    // The lease started after this request was sent.
+                    let turn =
+                        self.new_turn(chat_arc, None, since, grant, false, sent + self.trusted);
+                    return Ok(Placed {
+                        turn: on_grant.take_turn(turn),
+                        ..placed(Accepted::Queued)
+                    });
+                }
+                Ok(None) => {}
+                // It may have been granted all the same: the enqueue below of the same
+                // ticket (idempotent per ticket) answers with that grant.
+                Err(e) => {
+                    log::debug!(target: "botmesh::replica", "grant_if_free on chat {:?} failed: {e}", shown_chat(chat));
+                }
+            }
+        }
         // Registered before the call: a push may arrive before `enqueue` returns.
         self.waiting.lock().insert(
             seq,
@@ -434,7 +465,6 @@ impl Inner {
             message_id,
             wait,
         };
-        let sent = since; // one clock read serves both
         match self.coordinator.enqueue(&request) {
             Ok(Enqueued::Granted(grant)) => {
                 if metered {

@@ -201,13 +201,28 @@ impl Inner {
         queued: bool,
         valid_until: Instant,
     ) -> (Turn, Ending) {
-        let waited = self.clock.now().saturating_duration_since(w.since);
+        let turn = self.new_turn(w.chat, w.message_id, w.since, grant, queued, valid_until);
+        (turn, w.on_grant)
+    }
+
+    /// The held turn of a grant to a ticket of `chat` taken in at `since` (see
+    /// [`Inner::make_turn`]), registered for renewal.
+    pub(super) fn new_turn(
+        self: &Arc<Self>,
+        chat: Arc<str>,
+        message_id: Option<Arc<str>>,
+        since: Instant,
+        grant: Grant,
+        queued: bool,
+        valid_until: Instant,
+    ) -> Turn {
+        let waited = self.clock.now().saturating_duration_since(since);
         let state = Arc::new(TurnState {
-            chat: w.chat,
+            chat,
             ticket: grant.ticket,
             token: grant.token,
             previous: grant.previous,
-            message_id: w.message_id,
+            message_id,
             waited,
             lost: Default::default(),
             valid_until: AtomicU64::new(clock_ns(valid_until)),
@@ -226,7 +241,7 @@ impl Inner {
         if metered && turn.is_handover() {
             inc(&self.metrics.handovers);
         }
-        (turn, w.on_grant)
+        turn
     }
 }
 
