@@ -418,7 +418,7 @@ mod tests {
                 })
             };
             // The first call is on the wire: the next ones queue.
-            sending.recv().unwrap();
+            sending.recv().expect("test step");
             let others: Vec<_> = [2u8, 3, 4]
                 .into_iter()
                 .map(|k| {
@@ -429,9 +429,9 @@ mod tests {
             while queued(&combiner) < 3 {
                 std::thread::yield_now();
             }
-            hold.send(()).unwrap();
+            hold.send(()).expect("test step");
             let got = |h: std::thread::ScopedJoinHandle<'_, Outcome>| {
-                let replies = h.join().unwrap().unwrap();
+                let replies = h.join().expect("test step").expect("test step");
                 match replies.as_slice() {
                     [Ok(Value::Int(k))] => *k,
                     other => panic!("unexpected replies {other:?}"),
@@ -472,7 +472,7 @@ mod tests {
                     })
                 })
             };
-            sending.recv().unwrap();
+            sending.recv().expect("test step");
             let next = {
                 let (c, sent_again) = (combiner.clone(), &sent_again);
                 s.spawn(move || {
@@ -485,9 +485,9 @@ mod tests {
             while queued(&combiner) < 1 {
                 std::thread::yield_now();
             }
-            hold.send(()).unwrap();
-            assert!(first.join().unwrap().is_err());
-            let err = next.join().unwrap().unwrap_err();
+            hold.send(()).expect("test step");
+            assert!(first.join().expect("test step").is_err());
+            let err = next.join().expect("test step").expect_err("an error");
             assert!(err.to_string().contains("not sent"), "{err}");
         });
         assert_eq!(sent_again.into_inner(), 0, "the queued call was sent");
@@ -504,7 +504,10 @@ mod tests {
             *calls[0].outcome.lock() = Some(Ok(vec![Ok(Value::Int(7))]));
             true
         });
-        assert!(matches!(next.unwrap().as_slice(), [Ok(Value::Int(7))]));
+        assert!(matches!(
+            next.expect("test step").as_slice(),
+            [Ok(Value::Int(7))]
+        ));
     }
 
     #[test]
