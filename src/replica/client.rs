@@ -412,15 +412,15 @@ impl Inner {
         let ticket = self.ticket(seq);
         let since = self.clock.now();
         let sent = since; // one clock read serves both
+        let request = EnqueueRequest {
+            chat,
+            ticket: &ticket,
+            message_id,
+            wait,
+        };
         if message_id.is_none() {
             // A free chat granted without a place in its queue: no grant of this
             // ticket can be pushed, so no waiter is registered first.
-            let request = EnqueueRequest {
-                chat,
-                ticket: &ticket,
-                message_id: None,
-                wait,
-            };
             match self.coordinator.grant_if_free(&request) {
                 Ok(Some(grant)) => {
                     if metered {
@@ -459,12 +459,6 @@ impl Inner {
         if metered {
             inc(&self.metrics.waiting);
         }
-        let request = EnqueueRequest {
-            chat,
-            ticket: &ticket,
-            message_id,
-            wait,
-        };
         match self.coordinator.enqueue(&request) {
             Ok(Enqueued::Granted(grant)) => {
                 if metered {
