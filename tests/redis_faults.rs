@@ -737,3 +737,55 @@ fn wait_replicas_refuses_what_no_replica_acknowledged() {
         "taken in again"
     );
 }
+
+/// A chat whose state hash is gone while its queue is still there (evicted under
+/// `maxmemory`, or a partial restore): the re-check of a waiting ticket answers it is
+/// gone, so the replica enqueues it again, instead of failing in the function (which
+/// once read an argument it could not see there and failed every re-check for good).
+#[test]
+fn a_queue_without_its_state_hash_is_answered_gone() {
+    let _serial = serial();
+    let server = RedisServer::start();
+    let c = coordinator(&server.url(), Duration::from_secs(10));
+    let me: botmesh::ReplicaId = Arc::from("r");
+    c.attach(&me, Arc::new(|_: &str, _| {})).expect("attach");
+    let t1 = Ticket {
+        replica: me.clone(),
+        seq: 1,
+    };
+    let t2 = Ticket {
+        replica: me.clone(),
+        seq: 2,
+    };
+    let request = |t| EnqueueRequest {
+        chat: "chat",
+        ticket: t,
+        message_id: None,
+        wait: RECV,
+    };
+    assert!(matches!(
+        c.enqueue(&request(&t1)).expect("enqueue"),
+        Enqueued::Granted(_)
+    ));
+    assert_eq!(c.enqueue(&request(&t2)).expect("enqueue"), Enqueued::Queued);
+    let mut con = server.connection();
+    let deleted: i64 = redis::cmd("DEL")
+        .arg("botmesh:{chat}:s")
+        .query(&mut con)
+        .expect("DEL");
+    assert_eq!(deleted, 1);
+    assert_eq!(llen(&server, "botmesh:{chat}:q"), 1, "the queue is left");
+    let waiting = botmesh::Waiting {
+        chat: "chat",
+        ticket: &t2,
+        message_id: None,
+    };
+    let renewal = c.renew(&me, &[], &[waiting]).expect("the re-check answers");
+    assert_eq!(renewal.waiting, vec![botmesh::TicketState::Gone]);
+    // Enqueued again, it runs.
+    assert!(matches!(
+        c.enqueue(&request(&t2)).expect("enqueue"),
+        Enqueued::Granted(_)
+    ));
+    c.detach(&me, &[]).expect("detach");
+}

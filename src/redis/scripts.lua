@@ -48,7 +48,8 @@ end
 -- none; C.u, C.n, C.c numbers), C.v the other fields read (false when absent, nil when
 -- not read) and written since, C.w the writes not sent yet as HSET arguments (a field
 -- written twice is sent twice, the later value winning), C.hd whether the holder record
--- changed. Tables are made once per call and filled in place: every table and
+-- changed, C.keep the call's keep ms (set before `load`: a function's arguments are
+-- its own locals, which the prelude cannot see). Tables are made once per call and filled in place: every table and
 -- iteration is garbage and time in a call of a few microseconds.
 local C = {}
 -- Reads the holder record and the fields a..d (up to four; the expiry mark `e` among
@@ -110,7 +111,7 @@ local function flush()
   if C.v.e == false then
     -- A hash this call did not find (or found without an expiry mark) gets one, so
     -- no path leaves state behind for good.
-    local ms = math.floor(tonumber(ARGV[6]) * 3 / 2)
+    local ms = math.floor(C.keep * 3 / 2)
     C.v.e = num(C.now + ms * 1000)
     args[#args + 1] = 'e'
     args[#args + 1] = C.v.e

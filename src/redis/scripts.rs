@@ -14,6 +14,7 @@ local s, q = KEYS[1], KEYS[2]
 local chat, t = ARGV[1], ARGV[2]
 local ttl, hist, wake = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local keep_ms = tonumber(ARGV[6])
+C.keep = keep_ms
 local id = ARGV[7]
 if id == '' then id = nil end
 local mf = id and ('m' .. id)
