@@ -146,12 +146,11 @@ impl RedisCoordinator {
         check_wait_replicas("wait_replicas", options.wait_replicas).map_err(BackendError::new)?;
         let scripts = Arc::new(Scripts::new());
         let loading = scripts.clone();
-        let mut target = connect::target(
+        let target = connect::target(
             &options,
             Box::new(move |con| loading.load(con)),
             Scripts::is_missing,
         )?;
-        target.fold_into(scripts.batch.clone());
         target.load_everywhere()?;
         if options.wait_replicas > 0 {
             check_replicas(&target, options.wait_replicas)?;

@@ -1,7 +1,6 @@
 //! One Redis server with its pool of idle connections, the slot map of a cluster
 //! (who serves which hash slot), and the hash slot of a key.
 
-use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,105 +26,6 @@ pub(super) fn slot_of(key: &[u8]) -> u16 {
     });
     let hashed = tagged.unwrap_or(key);
     crc16::State::<crc16::XMODEM>::calculate(hashed) % SLOTS as u16
-}
-
-/// The arguments of `packed` when it is exactly one command, `FCALL` with its
-/// function name, key count, keys and arguments: each one's place in `packed`.
-/// `None` for anything else (several commands, another command, a malformed buffer).
-fn fcall_parts(packed: &[u8]) -> Option<Vec<Range<usize>>> {
-    // `<prefix><decimal>\r\n` at `at`: the number and where the next item starts.
-    fn header(packed: &[u8], at: usize, prefix: u8) -> Option<(usize, usize)> {
-        if *packed.get(at)? != prefix {
-            return None;
-        }
-        let end = at + 1 + packed.get(at + 1..)?.iter().position(|&b| b == b'\r')?;
-        let n = std::str::from_utf8(&packed[at + 1..end])
-            .ok()?
-            .parse()
-            .ok()?;
-        (packed.get(end + 1) == Some(&b'\n')).then_some((n, end + 2))
-    }
-    let (n, mut at) = header(packed, 0, b'*')?;
-    if n < 3 {
-        return None;
-    }
-    let mut parts = Vec::with_capacity(n - 1);
-    for i in 0..n {
-        let (len, start) = header(packed, at, b'$')?;
-        let end = start.checked_add(len)?;
-        if packed.get(end..end + 2)? != b"\r\n" {
-            return None;
-        }
-        if i == 0 {
-            if !packed[start..end].eq_ignore_ascii_case(b"FCALL") {
-                return None;
-            }
-        } else {
-            parts.push(start..end);
-        }
-        at = end + 2;
-    }
-    let keys: usize = std::str::from_utf8(&packed[parts[1].clone()])
-        .ok()?
-        .parse()
-        .ok()?;
-    (at == packed.len() && keys + 2 <= parts.len()).then_some(parts)
-}
-
-/// One call of the batch function `name` carrying every foldable call's `FCALL`
-/// (see `BATCH` in `scripts.rs` for the layout), in the calls' order.
-fn fold_calls(name: &str, calls: &[Arc<Call>]) -> redis::Cmd {
-    let ops: Vec<(&[u8], &[Range<usize>])> = calls
-        .iter()
-        .filter_map(|c| Some((c.packed.as_slice(), c.parts.as_deref()?)))
-        .collect();
-    // Each op's parts: function, key count, keys, arguments (checked by `fcall_parts`).
-    let key_count = |p: &[u8], parts: &[Range<usize>]| -> usize {
-        std::str::from_utf8(&p[parts[1].clone()])
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0)
-    };
-    let mut cmd = redis::cmd("FCALL");
-    cmd.arg(name);
-    let total_keys: usize = ops.iter().map(|(p, parts)| key_count(p, parts)).sum();
-    cmd.arg(total_keys);
-    for (p, parts) in &ops {
-        for r in &parts[2..2 + key_count(p, parts)] {
-            cmd.arg(&p[r.clone()]);
-        }
-    }
-    cmd.arg(ops.len());
-    for (p, parts) in &ops {
-        let keys = key_count(p, parts);
-        cmd.arg(&p[parts[0].clone()])
-            .arg(keys)
-            .arg(parts.len() - 2 - keys);
-    }
-    for (p, parts) in &ops {
-        for r in &parts[2 + key_count(p, parts)..] {
-            cmd.arg(&p[r.clone()]);
-        }
-    }
-    cmd
-}
-
-/// The batch function's reply split into its `k` operations' replies. A reply that
-/// is not an array of `k` (an error for the whole call: the library missing, out of
-/// memory, a broken connection) is every operation's.
-fn split_folded(reply: RedisResult<Value>, k: usize) -> Vec<RedisResult<Value>> {
-    match reply {
-        Ok(Value::Array(items)) if items.len() == k => items.into_iter().map(Ok).collect(),
-        Ok(Value::Array(items)) => {
-            let e = RedisError::from((
-                ErrorKind::Parse,
-                "unexpected batch reply",
-                format!("{} replies for {k} operations", items.len()),
-            ));
-            (0..k).map(|_| Err(e.clone())).collect()
-        }
-        other => (0..k).map(|_| other.clone()).collect(),
-    }
 }
 
 /// Whether an error leaves the connection unusable (the replies after it are lost).
@@ -197,10 +97,6 @@ struct Call {
     packed: Vec<u8>,
     /// How many replies the pipeline has: the sender reads this many for it.
     replies: usize,
-    /// When the pipeline is one `FCALL` that may be folded into the library's batch
-    /// function: its arguments' places in `packed` (found by the calling thread, so
-    /// the sender only copies).
-    parts: Option<Vec<Range<usize>>>,
     /// The write's failure, or the replies; filled by the batch's sender.
     outcome: Mutex<Option<Outcome>>,
 }
@@ -242,13 +138,11 @@ impl Combiner {
         &self,
         packed: Vec<u8>,
         replies: usize,
-        parts: Option<Vec<Range<usize>>>,
         send: impl FnOnce(&[Arc<Call>]) -> bool,
     ) -> Outcome {
         let call = Arc::new(Call {
             packed,
             replies,
-            parts,
             outcome: Mutex::new(None),
         });
         let mut q = self.queue.lock();
@@ -290,53 +184,27 @@ impl Node {
     /// order. `Err` when the pipeline was not written (no connection, or the write
     /// failed: the pool is dropped); a connection that breaks while the replies are
     /// read fails the replies from there on (see [`read_replies`]).
-    ///
-    /// `fold`: the library's batch function, when `packed` is one `FCALL` that may
-    /// run inside it (one server or Sentinel: the batch's keys span hash slots). Such
-    /// pipelines in one batch go out as one call of it, which costs the server one
-    /// command's overhead and one `TIME` instead of one per operation; each caller
-    /// still gets its own reply, or its own error.
     pub(super) fn exchange(
         &self,
         packed: Vec<u8>,
         replies: usize,
-        fold: Option<&str>,
         connect: Duration,
         io: Duration,
     ) -> Outcome {
-        let parts = fold.and_then(|_| fcall_parts(&packed));
-        self.batch.run(packed, replies, parts, |calls| {
-            self.send_batch(calls, fold, connect, io)
-        })
+        self.batch
+            .run(packed, replies, |calls| self.send_batch(calls, connect, io))
     }
 
-    /// Writes the calls' pipelines as one (the foldable ones, when there are several,
-    /// as one call of `fold` first), reads every reply, and gives each call its own;
-    /// every call gets an outcome.
-    fn send_batch(
-        &self,
-        calls: &[Arc<Call>],
-        fold: Option<&str>,
-        connect: Duration,
-        io: Duration,
-    ) -> bool {
-        let folded: Vec<bool> = calls.iter().map(|c| c.parts.is_some()).collect();
-        let folding = match fold {
-            Some(name) if folded.iter().filter(|&&f| f).count() >= 2 => Some(name),
-            _ => None,
-        };
+    /// Writes the calls' pipelines as one, reads every reply, and gives each call its
+    /// own; every call gets an outcome.
+    fn send_batch(&self, calls: &[Arc<Call>], connect: Duration, io: Duration) -> bool {
         let written = self.take(connect, io).and_then(|mut con| {
             if let [one] = calls {
                 con.send_packed_command(&one.packed)?;
             } else {
-                let mut all = Vec::with_capacity(calls.iter().map(|c| c.packed.len() + 8).sum());
-                if let Some(name) = folding {
-                    fold_calls(name, calls).write_packed_command(&mut all);
-                }
-                for (c, f) in calls.iter().zip(&folded) {
-                    if folding.is_none() || !f {
-                        all.extend_from_slice(&c.packed);
-                    }
+                let mut all = Vec::with_capacity(calls.iter().map(|c| c.packed.len()).sum());
+                for c in calls {
+                    all.extend_from_slice(&c.packed);
                 }
                 con.send_packed_command(&all)?;
             }
@@ -353,20 +221,7 @@ impl Node {
             }
         };
         let mut usable = true;
-        if folding.is_some() {
-            let (mut reply, ok) = read_replies(&mut con, 1);
-            usable = ok;
-            let reply = reply.pop().unwrap_or_else(|| Err(lost_earlier()));
-            let mine = calls.iter().zip(&folded).filter(|(_, f)| **f);
-            let k = folded.iter().filter(|&&f| f).count();
-            for ((c, _), r) in mine.zip(split_folded(reply, k)) {
-                *c.outcome.lock() = Some(Ok(vec![r]));
-            }
-        }
-        for (c, f) in calls.iter().zip(&folded) {
-            if folding.is_some() && *f {
-                continue;
-            }
+        for c in calls {
             let replies = if usable {
                 let (replies, ok) = read_replies(&mut con, c.replies);
                 usable = ok;
@@ -525,5 +380,145 @@ pub(super) fn parse_slots(
 }
 
 #[cfg(test)]
-#[path = "node_tests.rs"]
-mod tests;
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// A sender that answers each call with its pipeline's first byte, and tells
+    /// which calls it sent together.
+    fn answer(calls: &[Arc<Call>], batches: &mpsc::Sender<Vec<u8>>) -> bool {
+        let firsts: Vec<u8> = calls.iter().map(|c| c.packed[0]).collect();
+        for c in calls {
+            *c.outcome.lock() = Some(Ok(vec![Ok(Value::Int(i64::from(c.packed[0])))]));
+        }
+        let _ = batches.send(firsts);
+        true
+    }
+
+    fn queued(c: &Combiner) -> usize {
+        c.queue.lock().waiting.len()
+    }
+
+    #[test]
+    fn calls_queued_behind_a_batch_go_out_together_and_get_their_own_replies() {
+        let combiner = Arc::new(Combiner::default());
+        let (batches, sent) = mpsc::channel();
+        let (hold, held) = mpsc::channel::<()>();
+        let (entered, sending) = mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let first = {
+                let (c, b) = (combiner.clone(), batches.clone());
+                s.spawn(move || {
+                    c.run(vec![1], 1, |calls| {
+                        let _ = entered.send(());
+                        // The wire is busy until the test lets it go.
+                        let _ = held.recv();
+                        answer(calls, &b)
+                    })
+                })
+            };
+            // The first call is on the wire: the next ones queue.
+            sending.recv().expect("test step");
+            let others: Vec<_> = [2u8, 3, 4]
+                .into_iter()
+                .map(|k| {
+                    let (c, b) = (combiner.clone(), batches.clone());
+                    s.spawn(move || c.run(vec![k], 1, |calls| answer(calls, &b)))
+                })
+                .collect();
+            while queued(&combiner) < 3 {
+                std::thread::yield_now();
+            }
+            hold.send(()).expect("test step");
+            let got = |h: std::thread::ScopedJoinHandle<'_, Outcome>| {
+                let replies = h.join().expect("test step").expect("test step");
+                match replies.as_slice() {
+                    [Ok(Value::Int(k))] => *k,
+                    other => panic!("unexpected replies {other:?}"),
+                }
+            };
+            assert_eq!(got(first), 1);
+            for (h, k) in others.into_iter().zip([2, 3, 4]) {
+                assert_eq!(got(h), k, "a call got another call's reply");
+            }
+        });
+        drop(batches);
+        let batches: Vec<Vec<u8>> = sent.iter().collect();
+        // The three queued calls went out as one batch, in the order they queued.
+        assert_eq!(batches.len(), 2, "batches: {batches:?}");
+        assert_eq!(batches[0], vec![1]);
+        let mut second = batches[1].clone();
+        second.sort_unstable();
+        assert_eq!(second, vec![2, 3, 4]);
+    }
+
+    #[test]
+    fn calls_queued_behind_a_broken_batch_fail_unsent() {
+        let combiner = Arc::new(Combiner::default());
+        let (hold, held) = mpsc::channel::<()>();
+        let (entered, sending) = mpsc::channel::<()>();
+        let sent_again = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            let first = {
+                let c = combiner.clone();
+                s.spawn(move || {
+                    c.run(vec![1], 1, |calls| {
+                        let _ = entered.send(());
+                        let _ = held.recv();
+                        for c in calls {
+                            *c.outcome.lock() = Some(Err(lost_earlier()));
+                        }
+                        false
+                    })
+                })
+            };
+            sending.recv().expect("test step");
+            let next = {
+                let (c, sent_again) = (combiner.clone(), &sent_again);
+                s.spawn(move || {
+                    c.run(vec![2], 1, |_| {
+                        sent_again.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        true
+                    })
+                })
+            };
+            while queued(&combiner) < 1 {
+                std::thread::yield_now();
+            }
+            hold.send(()).expect("test step");
+            assert!(first.join().expect("test step").is_err());
+            let err = next.join().expect("test step").expect_err("an error");
+            assert!(err.to_string().contains("not sent"), "{err}");
+        });
+        assert_eq!(sent_again.into_inner(), 0, "the queued call was sent");
+    }
+
+    #[test]
+    fn a_sender_that_fails_every_call_ends_each_with_an_error_and_frees_the_queue() {
+        let combiner = Combiner::default();
+        // A sender that fills nothing: each call still ends, with the loss error.
+        let outcome = combiner.run(vec![1], 1, |_| true);
+        assert!(outcome.is_err(), "{outcome:?}");
+        // The queue is open for the next call.
+        let next = combiner.run(vec![7], 1, |calls| {
+            *calls[0].outcome.lock() = Some(Ok(vec![Ok(Value::Int(7))]));
+            true
+        });
+        assert!(matches!(
+            next.expect("test step").as_slice(),
+            [Ok(Value::Int(7))]
+        ));
+    }
+
+    #[test]
+    fn slots_follow_the_cluster_specification() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(slot_of(b"123456789"), 0x31C3);
+        assert_eq!(slot_of(b"foo"), 12182);
+        assert_eq!(slot_of(b"{user1000}.following"), slot_of(b"user1000"));
+        // An empty tag hashes the whole key.
+        assert_eq!(slot_of(b"foo{}{bar}"), slot_of(b"foo{}{bar}"));
+        assert_ne!(slot_of(b"foo{}{bar}"), slot_of(b"bar"));
+        assert_eq!(slot_of(b"p:{chat-1}:h"), slot_of(b"p:{chat-1}:m:msg{9}"));
+    }
+}

@@ -29,13 +29,7 @@
 -- ids rise per chat on Telegram. "hi" is the highest
 -- numeric id claimed; an unknown id under it shows the chat's ids do not rise, and turns
 -- the floor off for good (f = "x"), after which older ids are simply forgotten.
--- The call's view of the chat (see `load` below), and, in a batch, its shared clock.
-local C = {}
--- Server time, us. A batch (several operations in one call, see `batch` in scripts.rs)
--- reads TIME once for all of them: they run back to back within one atomic call, and
--- a shared earlier time only shortens the leases it grants.
 local function now_us()
-  if C.clock then return C.clock end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
@@ -57,6 +51,7 @@ end
 -- changed, C.keep the call's keep ms (set before `load`: a function's arguments are
 -- its own locals, which the prelude cannot see). Tables are made once per call and filled in place: every table and
 -- iteration is garbage and time in a call of a few microseconds.
+local C = {}
 -- Reads the holder record and the fields a..d (up to four; the expiry mark `e` among
 -- them, unless the caller knows the hash exists: every hash that has `h` has `e`).
 local function load(s, q, a, b, c, d)

@@ -128,7 +128,8 @@ local v = redis.call('HMGET', s, 'h', 'e')
 if not v[1] then return 0 end
 local k, u, rest = string.match(v[1], '^([^,]*),([^,]*),(.*)$')
 local t = rest and string.match(rest, '^[^,]*,[^,]*,(.*)$')
-local now = now_us()
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 if t == ARGV[1] and k == ARGV[2] and (tonumber(u) or 0) >= now then
   local nu = now + tonumber(ARGV[3]) * 1000
   local h = k .. ',' .. string.format('%d', nu) .. ',' .. rest
@@ -208,7 +209,8 @@ local token = tonumber(ARGV[1])
 local hv = redis.call('HGET', KEYS[1], 'h')
 if not hv then return 0 end
 local k, u = string.match(hv, '^([^,]*),([^,]*),')
-local now = now_us()
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 if (tonumber(u) or 0) < now then return 0 end
 if tonumber(k) ~= token then return 0 end
 local cur = redis.call('GET', KEYS[2])
@@ -222,50 +224,6 @@ else
   redis.call('DEL', KEYS[2])
 end
 return 1
-"#;
-
-/// Several operations in one call (group commit folds the single-call pipelines that
-/// several threads send one server at once into this, see `node.rs`): ARGV is the
-/// count n, then per operation its function's name, key count and argument count, then
-/// every operation's arguments in order; KEYS is every operation's keys in order. The
-/// answer is one reply per operation, in order. Each operation runs as its own call
-/// would, under `pcall`: one that fails ends where its own call would have ended (Redis
-/// keeps a failed function's earlier writes either way) and answers with its error, and
-/// the others run. TIME is read once (see `now_us`). Its keys span hash slots, so it is
-/// used with one server or Sentinel only, never on a Redis Cluster.
-pub(super) const BATCH: &str = r#"
-redis.register_function('@batch', function(KEYS, ARGV)
-  local n = tonumber(ARGV[1]) or 0
-  local out = {}
-  local ki, ai = 0, 1 + 3 * n
-  local t = redis.call('TIME')
-  C.clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  for i = 1, n do
-    local f = F[ARGV[3 * i - 1]]
-    local nk, na = tonumber(ARGV[3 * i]) or 0, tonumber(ARGV[3 * i + 1]) or 0
-    local keys, args = {}, {}
-    for j = 1, nk do keys[j] = KEYS[ki + j] end
-    for j = 1, na do args[j] = ARGV[ai + j] end
-    ki, ai = ki + nk, ai + na
-    local r
-    if f then
-      local ok, res = pcall(f, keys, args)
-      if ok then
-        r = res
-        if r == nil then r = false end
-      elseif type(res) == 'table' and res.err then
-        r = res
-      else
-        r = redis.error_reply('ERR ' .. tostring(res))
-      end
-    else
-      r = redis.error_reply('ERR Function not found: ' .. tostring(ARGV[3 * i - 1]))
-    end
-    out[i] = r
-  end
-  C.clock = nil
-  return out
-end)
 "#;
 
 /// The turn protocol as one Redis function library (Redis 7 `FUNCTION LOAD`, called
@@ -282,8 +240,6 @@ pub(super) struct Scripts {
     pub(super) check: String,
     pub(super) cancel: String,
     pub(super) write_checkpoint: String,
-    /// Several operations in one call (see [`BATCH`]).
-    pub(super) batch: String,
 }
 
 impl Scripts {
@@ -316,19 +272,13 @@ impl Scripts {
             ("cancel", true, CANCEL),
             ("write_checkpoint", false, WRITE_CHECKPOINT),
         ];
-        let mut code = format!("{PRELUDE}\nlocal F = {{}}\n");
+        let mut code = format!("{PRELUDE}\n");
         for (name, chat, body) in bodies {
             let args = if chat { CHAT_ARGS } else { "" };
-            // Called alone, a function reads its own time: a clock a batch left set
-            // (it cannot, see BATCH, but a stale clock would grant stale leases) is
-            // cleared first.
             code.push_str(&format!(
-                "F['@{name}'] = function(KEYS, ARGV)\n{args}\n{body}\nend\n\
-                 redis.register_function('@{name}', function(KEYS, ARGV) C.clock = nil; \
-                 return F['@{name}'](KEYS, ARGV) end)\n"
+                "redis.register_function('@{name}', function(KEYS, ARGV)\n{args}\n{body}\nend)\n"
             ));
         }
-        code.push_str(BATCH);
         // The SHA-1 of the code names the library (`Script` computes it).
         let sha = Script::new(&code).get_hash().to_owned();
         let tag = format!("botmesh_{}", &sha[..12]);
@@ -342,7 +292,6 @@ impl Scripts {
             check: name("check"),
             cancel: name("cancel"),
             write_checkpoint: name("write_checkpoint"),
-            batch: name("batch"),
         }
     }
 }

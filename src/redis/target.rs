@@ -104,10 +104,6 @@ pub(super) struct Target {
     pub(super) label: String,
     /// Set until the coordinator has connected (see `connect_timeout`).
     starting: std::sync::atomic::AtomicBool,
-    /// The function library's batch function, into which the single-call pipelines
-    /// that several threads send one node at once are folded; `None` on a Redis
-    /// Cluster, where a call's keys must share a hash slot.
-    fold: Option<String>,
 }
 
 /// The shortest time a connection may take to open while the coordinator connects.
@@ -184,7 +180,6 @@ impl Target {
             refreshing: Mutex::new(()),
             label,
             starting: std::sync::atomic::AtomicBool::new(true),
-            fold: None,
         };
         match &me.source {
             Source::Single => {
@@ -200,14 +195,6 @@ impl Target {
             _ => me.refresh(0, None)?,
         }
         Ok(me)
-    }
-
-    /// Folds the single-call pipelines that meet in one batch into calls of `batch`,
-    /// the library's batch function; ignored on a Redis Cluster (see [`Node::exchange`]).
-    pub(super) fn fold_into(&mut self, batch: String) {
-        if !matches!(self.source, Source::Cluster(_)) {
-            self.fold = Some(batch);
-        }
     }
 
     /// The command timeout.
@@ -585,9 +572,7 @@ impl Target {
                 // One node (every turn call but a cluster's renewal tick): sent in a
                 // batch with the other threads' calls to it (group commit).
                 let (packed, n) = pack(cmds, ids, &asking, &trailer);
-                // One function call alone in its pipeline may ride in a batch call.
-                let fold = self.fold.as_deref().filter(|_| n == 1);
-                let outcome = node.exchange(packed, n, fold, self.connect_timeout(), self.timeout);
+                let outcome = node.exchange(packed, n, self.connect_timeout(), self.timeout);
                 sent.push((node.clone(), ids.clone(), outcome));
             } else {
                 // Write every node's pipeline first, then read the replies: a round
