@@ -12,8 +12,9 @@ pub(super) const PRELUDE: &str = include_str!("scripts.lua");
 pub(super) const CHAT_ARGS: &str = r#"
 local s, q = KEYS[1], KEYS[2]
 local chat, t = ARGV[1], ARGV[2]
-local ttl, hist, wake = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-local keep_ms = tonumber(ARGV[6])
+-- Our client sends these as digits: `+ 0` parses once, tonumber() twice.
+local ttl, hist, wake = ARGV[3] + 0, ARGV[4] + 0, ARGV[5]
+local keep_ms = ARGV[6] + 0
 C.keep = keep_ms
 local id = ARGV[7]
 if id == '' then id = nil end
@@ -128,16 +129,15 @@ local v = redis.call('HMGET', s, 'h', 'e')
 if not v[1] then return 0 end
 local k, u, rest = string.match(v[1], '^([^,]*),([^,]*),(.*)$')
 local t = rest and string.match(rest, '^[^,]*,[^,]*,(.*)$')
-local tm = redis.call('TIME')
-local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+local now = now_us()
 if t == ARGV[1] and k == ARGV[2] and (tonumber(u) or 0) >= now then
   local nu = now + tonumber(ARGV[3]) * 1000
   local h = k .. ',' .. string.format('%d', nu) .. ',' .. rest
   local keep = tonumber(ARGV[4])
   if (tonumber(v[2]) or 0) < nu + keep * 1000 then
     local ms = math.floor((nu - now) / 1000) + math.floor(keep * 3 / 2)
-    redis.call('PEXPIRE', s, ms)
-    redis.call('HSET', s, 'h', h, 'e', string.format('%d', now + ms * 1000))
+    redis.call('PEXPIRE', s, num(ms))
+    redis.call('HSET', s, 'h', h, 'e', num(now + ms * 1000))
   else
     redis.call('HSET', s, 'h', h)
   end
@@ -209,8 +209,7 @@ local token = tonumber(ARGV[1])
 local hv = redis.call('HGET', KEYS[1], 'h')
 if not hv then return 0 end
 local k, u = string.match(hv, '^([^,]*),([^,]*),')
-local tm = redis.call('TIME')
-local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+local now = now_us()
 if (tonumber(u) or 0) < now then return 0 end
 if tonumber(k) ~= token then return 0 end
 local cur = redis.call('GET', KEYS[2])
