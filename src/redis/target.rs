@@ -43,11 +43,13 @@
 //! (the last round may itself wait a full timeout), the bound the lease TTL is
 //! checked against. Group commit can add one more: a round may first wait for the
 //! batch already on the wire to that node (bounded by the timeout too; when it
-//! breaks, the queued calls fail at once instead of being sent), so a slow server
-//! that still answers can stretch a call to about three command timeouts. The
-//! default command timeout is a third of the TTL, and a lease's end is counted from
-//! before its renewal was sent, so a late answer costs the lease, never safety. Commands still pending then fail with the last error, each on
-//! its own: the other nodes' answers stand. Every script is safe to repeat, so a
+//! breaks, each call queued behind it is sent alone on a connection of its own,
+//! so every round is an attempt of the call's own), so a slow server that still
+//! answers can stretch a call to about three command timeouts. The default command
+//! timeout is a third of the TTL, and a lease's end is counted from before its
+//! renewal was sent, so a late answer costs the lease, never safety. Commands still
+//! pending then fail with the last error, each on its own: the other nodes' answers
+//! stand. Every script is safe to repeat, so a
 //! command whose reply was lost may run twice.
 
 use std::collections::HashMap;
