@@ -76,7 +76,7 @@ local function load(s, q, a, b, c, d)
   if d then v[d] = vals[5] end
   C.v = v
   C.t, C.k, C.u, C.n, C.c = '', '', 0, 0, 0
-  C.n0, C.c0 = nil, nil
+  C.n0, C.ns, C.c0, C.cs = 0, '0', 0, '0'
   local h = vals[1]
   if h then
     local k, u, n, c, t = string.match(h, '^([^,]*),([^,]*),([^,]*),([^,]*),(.*)$')
