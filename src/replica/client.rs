@@ -113,8 +113,10 @@ pub(crate) struct Inner {
     pub(super) held: Mutex<HashMap<u64, Arc<TurnState>>>,
     /// Turns being released right now (taken out of `held`, the backend not told
     /// yet): a second copy of such a turn's grant must not be released by the tick
-    /// in between, or the turn's own release would find its lease gone.
-    pub(super) releasing: Mutex<HashSet<(u64, Token)>>,
+    /// in between, or the turn's own release would find its lease gone. A list, not a
+    /// set: it holds one entry per release in flight (a few at most), which a scan
+    /// finds for less than a hash costs.
+    pub(super) releasing: Mutex<Vec<(u64, Token)>>,
     /// Tickets whose enqueue failed (timeout, connection lost) but may have reached the
     /// backend anyway: they are cancelled on the next renewal ticks, so they neither
     /// hold a place nor keep their message id claimed against a redelivery.
@@ -177,7 +179,7 @@ impl Inner {
             state: AtomicU8::new(RUNNING),
             waiting: Mutex::new(Waiters::default()),
             held: Mutex::new(HashMap::default()),
-            releasing: Mutex::new(HashSet::default()),
+            releasing: Mutex::new(Vec::new()),
             in_hand: Mutex::new(HashSet::default()),
             ghosts: Mutex::new(Vec::new()),
             suspects: Mutex::new(Vec::new()),
@@ -546,6 +548,14 @@ impl Inner {
         }
     }
 
+    /// Ends a release's entry in `releasing` (see `release_turn`).
+    fn not_releasing(&self, seq: u64, token: Token) {
+        let mut releasing = self.releasing.lock();
+        if let Some(at) = releasing.iter().position(|r| *r == (seq, token)) {
+            releasing.swap_remove(at);
+        }
+    }
+
     fn release_turn(
         self: &Arc<Self>,
         state: &TurnState,
@@ -562,14 +572,14 @@ impl Inner {
         let seq = state.ticket.seq;
         // Marked releasing before it leaves `held`, so the tick never sees it in
         // neither (see `release_suspects`).
-        self.releasing.lock().insert((seq, state.token));
+        self.releasing.lock().push((seq, state.token));
         let was_held = self.held.lock().remove(&seq).is_some();
         if was_held && metered {
             dec(&self.metrics.held);
         }
         if self.is_aborted() {
             // A crashed replica releases nothing; its lease expires.
-            self.releasing.lock().remove(&(seq, state.token));
+            self.not_releasing(seq, state.token);
             return Err(lost_err());
         }
         // Known lost here (by the renewal, or by our own clock): still release at the
@@ -581,7 +591,7 @@ impl Inner {
             inc(&self.metrics.lost);
         }
         let released = self.coordinator.release(&state.lease(), handled);
-        self.releasing.lock().remove(&(seq, state.token));
+        self.not_releasing(seq, state.token);
         match released {
             Ok(Released::Released { next }) => {
                 if let Some(grant) = next {
