@@ -47,6 +47,9 @@ pub(crate) struct Placed {
     /// the enqueue: returned here instead of through its slot. `None` for a callback,
     /// which got the turn itself.
     pub(crate) turn: Option<Turn>,
+    /// Where a blocked acquire ([`Ending::Caller`]) whose ticket had to wait is
+    /// answered; `None` for a callback, or when `turn` is the answer.
+    pub(crate) slot: Option<Arc<super::slot::Slot>>,
 }
 
 /// The answer of an intake: the message holds its place, or was a duplicate.
@@ -406,10 +409,11 @@ impl Inner {
             ));
         }
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
-        let placed = |accepted| Placed {
+        let placed = |accepted, slot| Placed {
             accepted,
             seq,
             turn: None,
+            slot,
         };
         let ticket = self.ticket(seq);
         let since = self.clock.now();
@@ -433,7 +437,7 @@ impl Inner {
                         self.new_turn(chat_arc, None, since, grant, false, sent + self.trusted);
                     return Ok(Placed {
                         turn: on_grant.take_turn(turn),
-                        ..placed(Accepted::Queued)
+                        ..placed(Accepted::Queued, None)
                     });
                 }
                 Ok(None) => {}
@@ -444,6 +448,7 @@ impl Inner {
                 }
             }
         }
+        let (on_grant, slot) = on_grant.placed();
         // Registered before the call: a push may arrive before `enqueue` returns.
         self.waiting.lock().insert(
             seq,
@@ -474,7 +479,7 @@ impl Inner {
                 }
                 Ok(Placed {
                     turn,
-                    ..placed(Accepted::Queued)
+                    ..placed(Accepted::Queued, slot)
                 })
             }
             Ok(answer @ (Enqueued::Queued | Enqueued::InFlight)) => {
@@ -508,7 +513,7 @@ impl Inner {
                         }),
                     );
                 }
-                Ok(placed(Accepted::Queued))
+                Ok(placed(Accepted::Queued, slot))
             }
             Ok(Enqueued::Duplicate) => {
                 if self.take_waiter(seq).is_none() {
@@ -518,10 +523,10 @@ impl Inner {
                     if metered {
                         inc(&self.metrics.accepted);
                     }
-                    return Ok(placed(Accepted::Queued));
+                    return Ok(placed(Accepted::Queued, slot));
                 }
                 inc(&self.metrics.duplicates);
-                Ok(placed(Accepted::Duplicate))
+                Ok(placed(Accepted::Duplicate, slot))
             }
             Err(e) => {
                 inc(&self.metrics.backend_errors);
@@ -533,7 +538,7 @@ impl Inner {
                         inc(&self.metrics.accepted);
                     }
                     log::debug!(target: "botmesh::replica", "enqueue on chat {:?} failed after its grant arrived: {e}", shown_chat(chat));
-                    return Ok(placed(Accepted::Queued));
+                    return Ok(placed(Accepted::Queued, slot));
                 }
                 self.ghosts
                     .lock()
