@@ -58,8 +58,6 @@ pub struct MemoryCoordinator {
     dedup_window: Duration,
     /// Handled message ids each chat remembers at least (see [`DEFAULT_DEDUP_IDS`]).
     dedup_ids: usize,
-    /// How long an idle chat's last holder is remembered.
-    history: Duration,
     /// Where "now" comes from: real, or fake in tests.
     clock: Clock,
     /// The chat table, split so unrelated chats do not contend on one lock.
@@ -70,8 +68,13 @@ pub struct MemoryCoordinator {
     replicas: RwLock<HashMap<ReplicaId, ReplicaEntry>>,
     /// The last fencing token handed out, for all chats.
     last_token: AtomicU64,
-    /// The instant replicas' liveness is counted from (see [`ReplicaEntry`]).
+    /// The instant replicas' liveness and the table's lease ends are counted from
+    /// (see [`ReplicaEntry`], `Env::now_ns`).
     base: Instant,
+    /// `ttl` in ns, converted once.
+    ttl_ns: u64,
+    /// How long an idle chat's last holder is remembered, in ns.
+    history_ns: u64,
 }
 
 struct ReplicaEntry {
@@ -80,6 +83,11 @@ struct ReplicaEntry {
     /// an atomic, so that every enqueue can push it forward (as Redis refreshes the
     /// replica's field in the chat) under the read lock alone.
     alive_until: AtomicU64,
+}
+
+/// A duration in ns, saturating (at about 584 years).
+fn as_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Default for MemoryCoordinator {
@@ -116,17 +124,19 @@ impl MemoryCoordinator {
     /// instead of sleeping.
     pub fn with_clock(lease_ttl: Duration, dedup_window: Duration, clock: Clock) -> Self {
         let base = clock.now();
+        let ttl = lease_ttl.clamp(Duration::from_millis(1), FOREVER);
         MemoryCoordinator {
-            ttl: lease_ttl.clamp(Duration::from_millis(1), FOREVER),
+            ttl,
             dedup_window: dedup_window.min(FOREVER),
             dedup_ids: DEFAULT_DEDUP_IDS,
-            history: HISTORY,
             clock,
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             shard_hasher: foldhash::fast::RandomState::default(),
             replicas: RwLock::new(HashMap::default()),
             last_token: AtomicU64::new(0),
             base,
+            ttl_ns: as_ns(ttl),
+            history_ns: as_ns(HISTORY),
         }
     }
 
@@ -158,21 +168,17 @@ impl MemoryCoordinator {
         &self.shards[(h as usize) % self.shards.len()]
     }
 
-    /// Until when `entry`'s replica is alive.
-    fn alive_until(&self, entry: &ReplicaEntry) -> Instant {
-        self.base + Duration::from_nanos(entry.alive_until.load(Ordering::Acquire))
-    }
-
-    /// `t` as ns since `base`, the form [`ReplicaEntry::alive_until`] keeps.
+    /// `t` as ns since `base`, the form [`ReplicaEntry::alive_until`] and the table's
+    /// lease ends keep.
     fn ns(&self, t: Instant) -> u64 {
-        u64::try_from(t.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
+        as_ns(t.saturating_duration_since(self.base))
     }
 
-    /// Moves a replica's liveness to at least a TTL from now.
-    fn refresh(&self, entry: &ReplicaEntry, now: Instant) {
+    /// Moves a replica's liveness to at least a TTL from `now_ns`.
+    fn refresh(&self, entry: &ReplicaEntry, now_ns: u64) {
         entry
             .alive_until
-            .fetch_max(self.ns(now + self.ttl), Ordering::AcqRel);
+            .fetch_max(now_ns.saturating_add(self.ttl_ns), Ordering::AcqRel);
     }
 
     fn next_token(&self) -> Token {
@@ -194,20 +200,25 @@ impl MemoryCoordinator {
         refresh: Option<&ReplicaId>,
         f: impl FnOnce(&Env<'_>) -> T,
     ) -> T {
+        // One conversion per call: the table's times are ns since `base`.
+        let now_ns = self.ns(now);
         let replicas = self.replicas.read();
         let caller = refresh.and_then(|id| replicas.get_key_value(id));
         if let Some((_, entry)) = caller {
-            self.refresh(entry, now);
+            self.refresh(entry, now_ns);
         }
+        let alive = |e: &ReplicaEntry| e.alive_until.load(Ordering::Acquire);
         let alive_until = |r: &ReplicaId| match caller {
-            Some((id, entry)) if Arc::ptr_eq(id, r) || id == r => Some(self.alive_until(entry)),
-            _ => replicas.get(r).map(|e| self.alive_until(e)),
+            Some((id, entry)) if Arc::ptr_eq(id, r) || id == r => Some(alive(entry)),
+            _ => replicas.get(r).map(alive),
         };
         let next_token = || self.next_token();
         let env = Env {
             now,
+            now_ns,
             ttl: self.ttl,
-            history: self.history,
+            ttl_ns: self.ttl_ns,
+            history_ns: self.history_ns,
             dedup_window: self.dedup_window,
             dedup_ids: self.dedup_ids,
             alive_until: &alive_until,
@@ -229,7 +240,10 @@ impl MemoryCoordinator {
         let result = self.with_env(now, refresh, |env| {
             op(&mut self.shard(chat).lock(), env, &mut pushes)
         });
-        self.push(chat, pushes);
+        if !pushes.is_empty() {
+            // Most calls push nothing: no iterator to make and drop for them.
+            self.push(chat, pushes);
+        }
         result
     }
 
@@ -376,7 +390,7 @@ impl Coordinator for MemoryCoordinator {
         Ok(self
             .shard(chat)
             .lock()
-            .write_checkpoint(now, chat, token, data))
+            .write_checkpoint(now, self.ns(now), chat, token, data))
     }
 
     fn read_checkpoint(&self, chat: &str) -> Result<Option<(Token, String)>, BackendError> {
@@ -387,7 +401,7 @@ impl Coordinator for MemoryCoordinator {
     fn inspect_chat(&self, chat: &str) -> Result<ChatView, BackendError> {
         let now = self.clock.now();
         let stored = stored_name(chat);
-        let row = self.shard(&stored).lock().view(now, &stored);
+        let row = self.shard(&stored).lock().view(self.ns(now), &stored);
         Ok(match row {
             Some((_, holder, queued, previous)) => ChatView {
                 chat: chat.to_owned(),
@@ -408,7 +422,7 @@ impl Coordinator for MemoryCoordinator {
         let now = self.clock.now();
         let mut rows = Vec::new();
         for shard in self.shards.iter() {
-            shard.lock().views(now, &mut rows);
+            shard.lock().views(self.ns(now), &mut rows);
         }
         rows.sort_by(|a, b| a.0.cmp(&b.0));
         let mut view = MeshView::default();

@@ -36,19 +36,26 @@ pub(crate) type ChatPushes = Vec<(String, Grant)>;
 
 /// What every table operation needs from outside.
 pub(crate) struct Env<'a> {
-    /// The present, by the backend's clock.
+    /// The present, by the backend's clock: for queue deadlines and message ids.
     pub(crate) now: Instant,
+    /// The present again, in ns since the backend's base instant: the form of lease
+    /// ends, idle chats' history and replicas' liveness, so that the uncontended path
+    /// adds and compares integers (each `Instant` sum or difference normalises a
+    /// `timespec`, a few dozen instructions every time).
+    pub(crate) now_ns: u64,
     /// The lease TTL.
     pub(crate) ttl: Duration,
-    /// How long an idle chat's last holder is remembered.
-    pub(crate) history: Duration,
+    /// The lease TTL in ns.
+    pub(crate) ttl_ns: u64,
+    /// How long an idle chat's last holder is remembered, in ns.
+    pub(crate) history_ns: u64,
     /// The duplicate-suppression window; zero turns it off.
     pub(crate) dedup_window: Duration,
     /// Handled message ids each chat remembers at least (the `dedup_ids` option).
     pub(crate) dedup_ids: usize,
-    /// Until when a replica is alive (its last renewal + TTL); `None` when it is not
-    /// attached.
-    pub(crate) alive_until: &'a dyn Fn(&ReplicaId) -> Option<Instant>,
+    /// Until when a replica is alive (its last renewal + TTL), in ns as `now_ns`;
+    /// `None` when it is not attached.
+    pub(crate) alive_until: &'a dyn Fn(&ReplicaId) -> Option<u64>,
     /// The next fencing token: one counter for all chats, so tokens keep rising after
     /// an idle chat's state is dropped.
     pub(crate) next_token: &'a dyn Fn() -> Token,
@@ -56,7 +63,7 @@ pub(crate) struct Env<'a> {
 
 impl Env<'_> {
     fn alive(&self, replica: &ReplicaId) -> bool {
-        (self.alive_until)(replica).is_some_and(|t| t >= self.now)
+        (self.alive_until)(replica).is_some_and(|t| t >= self.now_ns)
     }
 }
 
@@ -84,8 +91,8 @@ struct ChatState {
     queue: VecDeque<Queued>,
     /// Who held the chat last, for the next grant's `previous`.
     previous: Option<Previous>,
-    /// While idle: until when the previous holder is remembered.
-    idle_until: Instant,
+    /// While idle: until when the previous holder is remembered (ns, as `Env::now_ns`).
+    idle_until: u64,
     /// Duplicate suppression for the chat's message ids, bounded per chat; the chat's
     /// entry is kept while it holds anything (`dedup.until`). Made on the chat's first
     /// message id: a chat locked without ids (the lock API) does without it, and every
@@ -94,14 +101,14 @@ struct ChatState {
 }
 
 impl ChatState {
-    fn new(now: Instant) -> Self {
+    fn new(now_ns: u64) -> Self {
         // A chat's first state costs its name's copy alone: its queue and its duplicate
         // check allocate on first use.
         ChatState {
             holder: None,
             queue: VecDeque::new(),
             previous: None,
-            idle_until: now,
+            idle_until: now_ns,
             dedup: None,
         }
     }
@@ -116,7 +123,7 @@ impl ChatState {
     /// idle and active again costs no allocation (see [`Shard::sweep`]).
     fn mark_if_idle(&mut self, env: &Env<'_>) {
         if self.is_idle() {
-            self.idle_until = env.now + env.history;
+            self.idle_until = env.now_ns.saturating_add(env.history_ns);
         }
     }
 }
@@ -132,7 +139,7 @@ fn ticket_alive(
     if let Some(h) = holder
         && &h.ticket == ticket
     {
-        return h.lease_until >= env.now;
+        return h.lease_until >= env.now_ns;
     }
     queue
         .iter()
@@ -143,7 +150,8 @@ fn ticket_alive(
 struct Holder {
     ticket: Ticket,
     token: Token,
-    lease_until: Instant,
+    /// When the lease ends unless renewed (ns, as `Env::now_ns`).
+    lease_until: u64,
     previous: Option<Previous>,
 }
 
@@ -161,7 +169,7 @@ fn grant_of(holder: &Holder) -> Grant {
 }
 
 /// Makes `ticket` the holder of a free chat.
-fn grant(env: &Env<'_>, chat: &mut ChatState, ticket: Ticket, alive_until: Instant) -> Grant {
+fn grant(env: &Env<'_>, chat: &mut ChatState, ticket: Ticket, alive_until: u64) -> Grant {
     let token = (env.next_token)();
     let previous = chat.previous.clone();
     chat.holder = Some(Holder {
@@ -170,7 +178,7 @@ fn grant(env: &Env<'_>, chat: &mut ChatState, ticket: Ticket, alive_until: Insta
         // A grant to a replica that stopped renewing lapses with its liveness, so a
         // crashed replica's queued tickets cost the others at most one TTL in all, not
         // one TTL each.
-        lease_until: (env.now + env.ttl).min(alive_until),
+        lease_until: env.now_ns.saturating_add(env.ttl_ns).min(alive_until),
         previous: previous.clone(),
     });
     Grant {
@@ -184,7 +192,7 @@ fn grant(env: &Env<'_>, chat: &mut ChatState, ticket: Ticket, alive_until: Insta
 /// first live ticket in its queue. Returns the grant made, if any.
 fn settle(env: &Env<'_>, chat: &mut ChatState) -> Option<Grant> {
     if let Some(h) = &chat.holder {
-        if h.lease_until >= env.now {
+        if h.lease_until >= env.now_ns {
             return None;
         }
         log::debug!(target: "botmesh::memory", "lease of {} expired", h.ticket);
@@ -198,7 +206,7 @@ fn settle(env: &Env<'_>, chat: &mut ChatState) -> Option<Grant> {
         let Some(alive_until) = (env.alive_until)(&q.ticket.replica) else {
             continue; // detached
         };
-        if q.deadline < env.now || alive_until < env.now {
+        if q.deadline < env.now || alive_until < env.now_ns {
             continue;
         }
         return Some(grant(env, chat, q.ticket, alive_until));
@@ -215,12 +223,12 @@ pub(crate) type ChatRow = (
     Option<Previous>,
 );
 
-fn row(name: &str, chat: &ChatState, now: Instant) -> ChatRow {
-    let holder = chat.holder.as_ref().filter(|h| h.lease_until >= now);
+fn row(name: &str, chat: &ChatState, now_ns: u64) -> ChatRow {
+    let holder = chat.holder.as_ref().filter(|h| h.lease_until >= now_ns);
     let view = holder.map(|h| crate::coordinator::HolderView {
         ticket: h.ticket.clone(),
         token: h.token,
-        lease_left: h.lease_until.saturating_duration_since(now),
+        lease_left: Duration::from_nanos(h.lease_until.saturating_sub(now_ns)),
     });
     let previous = match holder {
         Some(h) => h.previous.clone(),
@@ -237,17 +245,18 @@ fn row(name: &str, chat: &ChatState, now: Instant) -> ChatRow {
 }
 
 impl Shard {
-    /// Inspection of one chat (read-only); `None` when the table has no state for it.
-    pub(crate) fn view(&self, now: Instant, chat: &str) -> Option<ChatRow> {
-        self.chats.get(chat).map(|c| row(chat, c, now))
+    /// Inspection of one chat (read-only) at `now_ns` (as `Env::now_ns`); `None` when
+    /// the table has no state for it.
+    pub(crate) fn view(&self, now_ns: u64, chat: &str) -> Option<ChatRow> {
+        self.chats.get(chat).map(|c| row(chat, c, now_ns))
     }
 
     /// Inspection of every chat that is held or waited for (read-only).
-    pub(crate) fn views(&self, now: Instant, out: &mut Vec<ChatRow>) {
+    pub(crate) fn views(&self, now_ns: u64, out: &mut Vec<ChatRow>) {
         for (name, c) in &self.chats {
-            let held = c.holder.as_ref().is_some_and(|h| h.lease_until >= now);
+            let held = c.holder.as_ref().is_some_and(|h| h.lease_until >= now_ns);
             if held || !c.queue.is_empty() {
-                out.push(row(name, c, now));
+                out.push(row(name, c, now_ns));
             }
         }
     }
@@ -262,10 +271,10 @@ impl Shard {
     /// the live entries.
     fn sweep(&mut self, env: &Env<'_>) {
         if self.chats.len() >= self.sweep_at {
-            let now = env.now;
+            let (now, now_ns) = (env.now, env.now_ns);
             self.chats.retain(|_, c| {
                 !c.is_idle()
-                    || c.idle_until >= now
+                    || c.idle_until >= now_ns
                     || c.dedup.as_ref().is_some_and(|d| d.until >= now)
             });
             self.sweep_at = (self.chats.len() * 2).max(1024);
@@ -286,7 +295,7 @@ impl Shard {
             None => self
                 .chats
                 .entry(req.chat.to_owned())
-                .or_insert_with(|| ChatState::new(now)),
+                .or_insert_with(|| ChatState::new(env.now_ns)),
         };
         // Idempotent per ticket: a ticket already holding or queued keeps its grant or
         // its place.
@@ -320,13 +329,14 @@ impl Shard {
                 Claim::Claimed => {}
             }
         }
-        if chat.is_idle() && chat.idle_until < now {
+        if chat.is_idle() && chat.idle_until < env.now_ns {
             // Idle past its history: forget the previous holder, as Redis would.
             chat.previous = None;
         }
         if chat.is_idle() {
             // The uncontended path: a free chat is granted without queueing.
-            if let Some(alive_until) = (env.alive_until)(&req.ticket.replica).filter(|t| *t >= now)
+            if let Some(alive_until) =
+                (env.alive_until)(&req.ticket.replica).filter(|t| *t >= env.now_ns)
             {
                 return Enqueued::Granted(grant(env, chat, req.ticket.clone(), alive_until));
             }
@@ -359,17 +369,16 @@ impl Shard {
             // Duplicate suppression is the full enqueue's job.
             return None;
         }
-        let now = env.now;
-        let alive_until = (env.alive_until)(&req.ticket.replica).filter(|t| *t >= now)?;
+        let alive_until = (env.alive_until)(&req.ticket.replica).filter(|t| *t >= env.now_ns)?;
         let chat = match self.chats.get_mut(req.chat) {
             Some(chat) if !chat.is_idle() => return None,
             Some(chat) => chat,
             None => self
                 .chats
                 .entry(req.chat.to_owned())
-                .or_insert_with(|| ChatState::new(now)),
+                .or_insert_with(|| ChatState::new(env.now_ns)),
         };
-        if chat.idle_until < now {
+        if chat.idle_until < env.now_ns {
             // Idle past its history: forget the previous holder, as `enqueue` does.
             chat.previous = None;
         }
@@ -420,7 +429,7 @@ impl Shard {
             return Released::Lost;
         };
         let ours = chat.holder.as_ref().is_some_and(|h| {
-            &h.ticket == lease.ticket && h.token == lease.token && h.lease_until >= env.now
+            &h.ticket == lease.ticket && h.token == lease.token && h.lease_until >= env.now_ns
         });
         let result = if ours {
             chat.holder = None;
@@ -463,9 +472,9 @@ impl Shard {
             Some(h)
                 if &h.ticket == lease.ticket
                     && h.token == lease.token
-                    && h.lease_until >= env.now =>
+                    && h.lease_until >= env.now_ns =>
             {
-                h.lease_until = env.now + env.ttl;
+                h.lease_until = env.now_ns.saturating_add(env.ttl_ns);
                 true
             }
             _ => false,
@@ -494,7 +503,7 @@ impl Shard {
             // This ticket, or another of its replica's (see `TicketState::Granted`).
             Some(h) if h.ticket.replica == w.ticket.replica => {
                 // Renewed, as the holder's renewal would (see `Coordinator::renew`).
-                h.lease_until = h.lease_until.max(env.now + env.ttl);
+                h.lease_until = h.lease_until.max(env.now_ns.saturating_add(env.ttl_ns));
                 TicketState::Granted(grant_of(h))
             }
             _ if chat.queue.iter().any(|q| &q.ticket == w.ticket) => TicketState::Waiting,
@@ -533,6 +542,7 @@ impl Shard {
     pub(crate) fn write_checkpoint(
         &mut self,
         now: Instant,
+        now_ns: u64,
         chat: &str,
         token: Token,
         data: Option<&str>,
@@ -543,7 +553,7 @@ impl Shard {
             .chats
             .get(chat)
             .and_then(|c| c.holder.as_ref())
-            .is_some_and(|h| h.token == token && h.lease_until >= now);
+            .is_some_and(|h| h.token == token && h.lease_until >= now_ns);
         let stored = self
             .checkpoints
             .get(chat)

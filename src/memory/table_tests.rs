@@ -15,16 +15,20 @@ const DEDUP: Duration = Duration::from_secs(600);
 /// counter, as the backend would provide them.
 struct Fixture {
     clock: Clock,
+    /// The instant the table's ns count from, as the backend's `base`.
+    base: Instant,
     shard: Shard,
-    alive: RefCell<HashMap<ReplicaId, Instant>>,
+    alive: RefCell<HashMap<ReplicaId, u64>>,
     tokens: Cell<Token>,
     pushes: Pushes,
 }
 
 impl Fixture {
     fn new() -> Self {
+        let clock = Clock::fake();
         let f = Fixture {
-            clock: Clock::fake(),
+            base: clock.now(),
+            clock,
             shard: Shard::default(),
             alive: RefCell::new(HashMap::new()),
             tokens: Cell::new(0),
@@ -40,7 +44,12 @@ impl Fixture {
     fn heartbeat(&self, replica: &str) {
         self.alive
             .borrow_mut()
-            .insert(Arc::from(replica), self.clock.now() + TTL);
+            .insert(Arc::from(replica), self.ns(self.clock.now() + TTL));
+    }
+
+    /// `t` as the table's ns.
+    fn ns(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
     }
 
     fn op<T>(&mut self, f: impl FnOnce(&mut Shard, &Env<'_>, &mut Pushes) -> T) -> T {
@@ -51,8 +60,10 @@ impl Fixture {
         };
         let env = Env {
             now: self.clock.now(),
+            now_ns: self.ns(self.clock.now()),
             ttl: TTL,
-            history: Duration::from_secs(3600),
+            ttl_ns: self.ns(self.base + TTL),
+            history_ns: self.ns(self.base + Duration::from_secs(3600)),
             dedup_window: DEDUP,
             dedup_ids: crate::DEFAULT_DEDUP_IDS,
             alive_until: &alive,
@@ -280,12 +291,20 @@ fn checkpoints_are_fenced_by_the_live_lease() {
     let mut f = Fixture::new();
     let g = granted(f.enqueue("x", &ticket("a", 1), None));
     let now = f.clock.now();
-    assert!(f.shard.write_checkpoint(now, "x", g.token, Some("{}")));
-    assert!(!f.shard.write_checkpoint(now, "x", g.token + 1, Some("{}")));
+    let now_ns = f.ns(now);
+    assert!(
+        f.shard
+            .write_checkpoint(now, now_ns, "x", g.token, Some("{}"))
+    );
+    assert!(
+        !f.shard
+            .write_checkpoint(now, now_ns, "x", g.token + 1, Some("{}"))
+    );
     f.clock.advance(TTL + Duration::from_millis(1));
     let later = f.clock.now();
     assert!(
-        !f.shard.write_checkpoint(later, "x", g.token, Some("{}")),
+        !f.shard
+            .write_checkpoint(later, f.ns(later), "x", g.token, Some("{}")),
         "a holder whose lease ran out writes nothing"
     );
     assert_eq!(

@@ -47,6 +47,9 @@ pub(crate) struct Placed {
     /// the enqueue: returned here instead of through its slot. `None` for a callback,
     /// which got the turn itself.
     pub(crate) turn: Option<Turn>,
+    /// Where a blocked acquire ([`Ending::Caller`]) whose ticket had to wait is
+    /// answered; `None` for a callback, or when `turn` is the answer.
+    pub(crate) slot: Option<Arc<super::slot::Slot>>,
 }
 
 /// The answer of an intake: the message holds its place, or was a duplicate.
@@ -113,8 +116,10 @@ pub(crate) struct Inner {
     pub(super) held: Mutex<HashMap<u64, Arc<TurnState>>>,
     /// Turns being released right now (taken out of `held`, the backend not told
     /// yet): a second copy of such a turn's grant must not be released by the tick
-    /// in between, or the turn's own release would find its lease gone.
-    pub(super) releasing: Mutex<HashSet<(u64, Token)>>,
+    /// in between, or the turn's own release would find its lease gone. A list, not a
+    /// set: it holds one entry per release in flight (a few at most), which a scan
+    /// finds for less than a hash costs.
+    pub(super) releasing: Mutex<Vec<(u64, Token)>>,
     /// Tickets whose enqueue failed (timeout, connection lost) but may have reached the
     /// backend anyway: they are cancelled on the next renewal ticks, so they neither
     /// hold a place nor keep their message id claimed against a redelivery.
@@ -177,7 +182,7 @@ impl Inner {
             state: AtomicU8::new(RUNNING),
             waiting: Mutex::new(Waiters::default()),
             held: Mutex::new(HashMap::default()),
-            releasing: Mutex::new(HashSet::default()),
+            releasing: Mutex::new(Vec::new()),
             in_hand: Mutex::new(HashSet::default()),
             ghosts: Mutex::new(Vec::new()),
             suspects: Mutex::new(Vec::new()),
@@ -404,10 +409,11 @@ impl Inner {
             ));
         }
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
-        let placed = |accepted| Placed {
+        let placed = |accepted, slot| Placed {
             accepted,
             seq,
             turn: None,
+            slot,
         };
         let ticket = self.ticket(seq);
         let since = self.clock.now();
@@ -431,7 +437,7 @@ impl Inner {
                         self.new_turn(chat_arc, None, since, grant, false, sent + self.trusted);
                     return Ok(Placed {
                         turn: on_grant.take_turn(turn),
-                        ..placed(Accepted::Queued)
+                        ..placed(Accepted::Queued, None)
                     });
                 }
                 Ok(None) => {}
@@ -442,6 +448,7 @@ impl Inner {
                 }
             }
         }
+        let (on_grant, slot) = on_grant.placed();
         // Registered before the call: a push may arrive before `enqueue` returns.
         self.waiting.lock().insert(
             seq,
@@ -472,7 +479,7 @@ impl Inner {
                 }
                 Ok(Placed {
                     turn,
-                    ..placed(Accepted::Queued)
+                    ..placed(Accepted::Queued, slot)
                 })
             }
             Ok(answer @ (Enqueued::Queued | Enqueued::InFlight)) => {
@@ -506,7 +513,7 @@ impl Inner {
                         }),
                     );
                 }
-                Ok(placed(Accepted::Queued))
+                Ok(placed(Accepted::Queued, slot))
             }
             Ok(Enqueued::Duplicate) => {
                 if self.take_waiter(seq).is_none() {
@@ -516,10 +523,10 @@ impl Inner {
                     if metered {
                         inc(&self.metrics.accepted);
                     }
-                    return Ok(placed(Accepted::Queued));
+                    return Ok(placed(Accepted::Queued, slot));
                 }
                 inc(&self.metrics.duplicates);
-                Ok(placed(Accepted::Duplicate))
+                Ok(placed(Accepted::Duplicate, slot))
             }
             Err(e) => {
                 inc(&self.metrics.backend_errors);
@@ -531,7 +538,7 @@ impl Inner {
                         inc(&self.metrics.accepted);
                     }
                     log::debug!(target: "botmesh::replica", "enqueue on chat {:?} failed after its grant arrived: {e}", shown_chat(chat));
-                    return Ok(placed(Accepted::Queued));
+                    return Ok(placed(Accepted::Queued, slot));
                 }
                 self.ghosts
                     .lock()
@@ -543,6 +550,14 @@ impl Inner {
                         .with_source(e),
                 )
             }
+        }
+    }
+
+    /// Ends a release's entry in `releasing` (see `release_turn`).
+    fn not_releasing(&self, seq: u64, token: Token) {
+        let mut releasing = self.releasing.lock();
+        if let Some(at) = releasing.iter().position(|r| *r == (seq, token)) {
+            releasing.swap_remove(at);
         }
     }
 
@@ -562,14 +577,14 @@ impl Inner {
         let seq = state.ticket.seq;
         // Marked releasing before it leaves `held`, so the tick never sees it in
         // neither (see `release_suspects`).
-        self.releasing.lock().insert((seq, state.token));
+        self.releasing.lock().push((seq, state.token));
         let was_held = self.held.lock().remove(&seq).is_some();
         if was_held && metered {
             dec(&self.metrics.held);
         }
         if self.is_aborted() {
             // A crashed replica releases nothing; its lease expires.
-            self.releasing.lock().remove(&(seq, state.token));
+            self.not_releasing(seq, state.token);
             return Err(lost_err());
         }
         // Known lost here (by the renewal, or by our own clock): still release at the
@@ -581,7 +596,7 @@ impl Inner {
             inc(&self.metrics.lost);
         }
         let released = self.coordinator.release(&state.lease(), handled);
-        self.releasing.lock().remove(&(seq, state.token));
+        self.not_releasing(seq, state.token);
         match released {
             Ok(Released::Released { next }) => {
                 if let Some(grant) = next {

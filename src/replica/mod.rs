@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
 use crate::coordinator::{BackendError, Coordinator};
-use crate::error::CoordinationUnavailableError;
+use crate::error::{CoordinationUnavailableError, Reason};
 use crate::metrics::{Metrics, MetricsSnapshot};
 
 mod client;
@@ -34,7 +34,7 @@ pub use self::client::Accepted;
 pub(crate) use self::client::{Inner, NoTurn, OnGrant};
 pub(crate) use self::lease::{TurnState, period};
 pub(crate) use self::names::provider_lease;
-use self::slot::{Ending, Fill, Slot};
+use self::slot::Ending;
 pub use self::turn::Turn;
 
 /// The default clock drift allowance for a lease TTL: a twentieth of it (500 ms of a
@@ -183,14 +183,15 @@ impl Replica {
         wait: Duration,
     ) -> Result<Turn, CoordinationUnavailableError> {
         let chat: Arc<str> = Arc::from(chat);
-        let slot = Slot::for_this_thread();
-        let fill = Fill::new(slot.clone(), chat.clone());
         let placed = self
             .inner
-            .enqueue_shared(&chat, None, wait, Ending::Slot(fill))?;
-        match placed.turn {
-            Some(turn) => Ok(turn),
-            None => slot.wait(),
+            .enqueue_shared(&chat, None, wait, Ending::Caller(chat.clone()))?;
+        match (placed.turn, placed.slot) {
+            (Some(turn), _) => Ok(turn),
+            (None, Some(slot)) => slot.wait(),
+            // Not reached: a caller's ticket that had no turn in the reply waits in a
+            // slot (see `Ending::placed`).
+            (None, None) => Err(CoordinationUnavailableError::new(Reason::Lost, &chat, None)),
         }
     }
 

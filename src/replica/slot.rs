@@ -144,6 +144,11 @@ pub(crate) enum Ending {
     /// A blocked acquire's slot. A lock's wait has no message id, so it never ends as
     /// a duplicate; should one, it reads as lost.
     Slot(Fill),
+    /// A blocked acquire on the calling thread (the chat as it gave it, for errors)
+    /// before its ticket has to wait: the thread's slot is taken only then (see
+    /// [`Ending::placed`]), so a turn granted in the reply to the first call costs no
+    /// slot and no filler. Never kept in a waiter.
+    Caller(Arc<str>),
 }
 
 impl From<OnGrant> for Ending {
@@ -153,6 +158,18 @@ impl From<OnGrant> for Ending {
 }
 
 impl Ending {
+    /// The ending to keep in a waiter: a blocked acquire ([`Ending::Caller`]) takes its
+    /// thread's slot here and gets it back, to wait on once the enqueue returns.
+    pub(crate) fn placed(self) -> (Ending, Option<Arc<Slot>>) {
+        match self {
+            Ending::Caller(chat) => {
+                let slot = Slot::for_this_thread();
+                (Ending::Slot(Fill::new(slot.clone(), chat)), Some(slot))
+            }
+            other => (other, None),
+        }
+    }
+
     /// Hands `turn` to its waiter: a callback is called with it; a blocked acquire's
     /// turn is returned instead, for the caller on the acquiring thread to return
     /// straight away (a grant in the reply to its own enqueue: no slot, no wake-up).
@@ -166,6 +183,7 @@ impl Ending {
                 fill.disarm();
                 Some(turn)
             }
+            Ending::Caller(_) => Some(turn),
         }
     }
 
@@ -182,6 +200,10 @@ impl Ending {
                 });
                 fill.put(answer);
             }
+            // Not reached: a caller's ending is made a slot before its ticket waits,
+            // and an answer before that is the enqueue's return value. Dropped, a turn
+            // is released.
+            Ending::Caller(_) => {}
         }
     }
 }
