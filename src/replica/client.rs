@@ -503,15 +503,7 @@ impl Inner {
                     self.retry_later_unless_ticking(seq);
                 }
                 if waiting && let Some(deadline) = since.checked_add(wait) {
-                    let me = Arc::downgrade(self);
-                    self.timer.at(
-                        deadline,
-                        Box::new(move || {
-                            if let Some(inner) = me.upgrade() {
-                                inner.expire(seq);
-                            }
-                        }),
-                    );
+                    self.expire_at(seq, deadline);
                 }
                 Ok(placed(Accepted::Queued, slot))
             }
@@ -688,6 +680,20 @@ impl Inner {
             Box::new(move || {
                 if let Some(inner) = me.upgrade() {
                     inner.retry_in_flight_one(seq);
+                }
+            }),
+        );
+    }
+
+    /// Ends the wait of ticket `seq` at `deadline` (on the timer thread), unless it
+    /// ended before.
+    pub(super) fn expire_at(self: &Arc<Self>, seq: u64, deadline: Instant) {
+        let me = Arc::downgrade(self);
+        self.timer.at(
+            deadline,
+            Box::new(move || {
+                if let Some(inner) = me.upgrade() {
+                    inner.expire(seq);
                 }
             }),
         );

@@ -43,6 +43,9 @@ struct Hooked {
     /// `Duplicate` (as a retried call does once the first attempt's ticket was
     /// granted and handled).
     after_enqueue_duplicate: Mutex<Option<Hook>>,
+    /// Runs after the next `enqueue` reached the backend, before its reply returns
+    /// (the reply is then read as usual): what happens while it is on its way back.
+    after_enqueue: Mutex<Option<Hook>>,
     /// While set, pushes are kept here (with their sink) instead of delivered: a
     /// wake-up still on its way.
     held_pushes: HeldPushes,
@@ -77,6 +80,10 @@ impl Coordinator for Hooked {
     }
     fn enqueue(&self, request: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError> {
         let answer = self.inner.enqueue(request);
+        let hook = self.after_enqueue.lock().take();
+        if let Some(hook) = hook {
+            hook();
+        }
         let hook = self.after_enqueue_fails.lock().take();
         if let Some(hook) = hook {
             hook();
@@ -169,6 +176,7 @@ impl World {
                 with_held: Mutex::new(None),
                 after_enqueue_fails: Mutex::new(None),
                 after_enqueue_duplicate: Mutex::new(None),
+                after_enqueue: Mutex::new(None),
                 held_pushes: Arc::default(),
             }),
         }
@@ -785,3 +793,6 @@ fn an_enqueue_after_a_grant_does_not_lengthen_that_grant() {
         "r's first turn still believes it holds the chat while the next one was granted"
     );
 }
+
+#[path = "push_tests.rs"]
+mod push;

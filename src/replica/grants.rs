@@ -155,7 +155,7 @@ impl Inner {
                 if !is_reserved(&w.chat) {
                     inc(&self.metrics.waiting);
                 }
-                self.waiting.lock().insert(grant.ticket.seq, w);
+                self.wait_again(grant.ticket.seq, w);
             }
             answer => {
                 if answer.is_err() {
@@ -175,6 +175,28 @@ impl Inner {
                         w.message_id.as_deref(),
                     ))));
             }
+        }
+    }
+
+    /// Puts back a waiter taken for a grant that could not be confirmed, for the
+    /// re-check to settle, with its deadline.
+    ///
+    /// It goes back placed: the backend granted the ticket, so it had it. Put back as
+    /// it was taken, a ticket whose push arrived before its enqueue's answer stayed
+    /// unplaced for good (that answer finds the waiter taken and marks nothing), and
+    /// the re-check ignores a gone or lapsed answer about a ticket never placed (its
+    /// enqueue may not have arrived): once the grant lapsed unused, nothing ended the
+    /// wait. Nor did its deadline: the enqueue sets none for a ticket taken already,
+    /// and one that fell due meanwhile found nothing to end. So it is set again
+    /// (a second one is harmless: whoever takes the waiter first ends it, the others
+    /// find nothing), at once if it passed already.
+    fn wait_again(self: &Arc<Self>, seq: u64, mut w: Waiter) {
+        w.placed = true;
+        w.in_flight = false;
+        let deadline = w.since.checked_add(w.wait);
+        self.waiting.lock().insert(seq, w);
+        if let Some(deadline) = deadline {
+            self.expire_at(seq, deadline);
         }
     }
 
