@@ -103,6 +103,14 @@ pub(super) fn subscriber_loop(l: Listen) {
                 continue;
             }
         };
+        // Bounded before the first read: `SUBSCRIBE` waits for its confirmation, and on
+        // a link that drops packets (not one that refuses) an unbounded read would
+        // stop wake-ups and keep a stop request waiting for the thread forever.
+        if con.set_read_timeout(Some(timeout)).is_err()
+            || con.set_write_timeout(Some(timeout)).is_err()
+        {
+            continue;
+        }
         let mut pubsub = con.as_pubsub();
         if let Err(e) = pubsub.subscribe(&l.channel) {
             log::warn!(target: "botmesh::redis", "subscribe at {} failed: {e}", node.addr);
