@@ -144,8 +144,11 @@ pub enum Released {
         /// A grant to the caller's own next ticket, which the backend did not push.
         next: Option<Grant>,
     },
-    /// The lease had already been lost (expired, or the chat was granted to someone
-    /// else); nothing was changed.
+    /// The lease had already been lost: the chat was granted to someone else since
+    /// (which needs the lease to have run out first), or the turn was released already.
+    /// Nothing was changed. A lease that ran out with no grant made after it is still
+    /// released: no other holder can have overlapped it. The holder's own deadline and
+    /// refused renewals tell it of a lease that ran out, whatever the release answers.
     Lost,
 }
 

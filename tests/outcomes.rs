@@ -23,13 +23,20 @@ fn a_lease_lost_under_a_running_handler_is_reported_as_started() {
         clock.clone(),
     ));
     let (tx, rx) = unbounded();
+    let other = Replica::start("r2", c.clone()).expect("replica");
+    let (taken_tx, taken_rx) = unbounded();
     let bot = Bot::builder()
         .id("r1")
         .coordination(CoordinationConfig::new(CoordinatorConfig::Shared(c)))
         .handler(move |_| {
             // The backend's clock runs past the lease while the handler runs (a long
-            // pause, as far as the backend can tell): the release finds it lost.
+            // pause, as far as the backend can tell) and another replica takes the
+            // chat: the release finds it lost.
             clock.advance(ttl * 2);
+            let turn = other
+                .acquire_timeout("c", WAIT)
+                .expect("the lapsed chat is free");
+            let _ = taken_tx.send(turn);
             Ok(())
         })
         .on_outcome(move |_, o| {
@@ -48,6 +55,11 @@ fn a_lease_lost_under_a_running_handler_is_reported_as_started() {
         }
         other => panic!("expected a lost drop, got {other:?}"),
     }
+    taken_rx
+        .recv_timeout(WAIT)
+        .expect("taken")
+        .release()
+        .expect("the new holder releases");
     bot.stop().expect("stop");
 }
 

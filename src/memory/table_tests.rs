@@ -193,6 +193,32 @@ fn an_expired_lease_is_replaced_by_the_recheck_and_its_release_is_lost() {
 }
 
 #[test]
+fn a_lease_that_ran_out_with_nobody_granted_after_it_is_released() {
+    let mut f = Fixture::new();
+    let g = granted(f.enqueue("x", &ticket("a", 1), Some("m1")));
+    let w = ticket("b", 1);
+    assert_eq!(f.enqueue("x", &w, None), Enqueued::Queued);
+    f.heartbeat("b");
+    f.clock.advance(TTL + Duration::from_millis(1));
+    f.heartbeat("b");
+    // No re-check ran since the lease ran out: no other grant, so no overlap.
+    assert!(matches!(
+        f.release("x", &g, Some("m1")),
+        Released::Released { next: None }
+    ));
+    let pushed = f.pushed();
+    assert_eq!(pushed.len(), 1, "the waiter gets the chat");
+    assert_eq!(pushed[0].ticket, w);
+    // The message counts as handled: a redelivery is a duplicate.
+    assert_eq!(
+        f.enqueue("x", &ticket("c", 1), Some("m1")),
+        Enqueued::Duplicate
+    );
+    // A second release of the same grant is lost (the chat has another holder).
+    assert_eq!(f.release("x", &g, None), Released::Lost);
+}
+
+#[test]
 fn a_crashed_replicas_tickets_are_skipped_once_its_liveness_lapses() {
     let mut f = Fixture::new();
     let g = granted(f.enqueue("x", &ticket("a", 1), None));

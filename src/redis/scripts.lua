@@ -56,8 +56,11 @@ end
 local C = {}
 -- Reads the holder record and the fields a..d (up to four; the expiry mark `e` among
 -- them, unless the caller knows the hash exists: every hash that has `h` has `e`).
-local function load(s, q, a, b, c, d)
-  C.s, C.q, C.now, C.hd = s, q, now_us(), false
+local function load(s, q, a, b, c, d, timeless)
+  C.s, C.q, C.hd = s, q, false
+  -- `timeless`: the caller asks for the time itself if it turns out to need it (a
+  -- release of a chat nobody waits for needs none: TIME is one command of its three).
+  if timeless then C.now = nil else C.now = now_us() end
   C.w = {}
   local vals
   if d then
@@ -120,6 +123,7 @@ local function flush()
   if #args == 0 then return end
   C.w = {}
   if C.v.e == false then
+    if not C.now then C.now = now_us() end
     -- A hash this call did not find (or found without an expiry mark) gets one, so
     -- no path leaves state behind for good.
     local ms = math.floor(C.keep * 3 / 2)

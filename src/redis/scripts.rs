@@ -94,11 +94,15 @@ local low = tonumber(ARGV[10]) or 64
 local high = low + math.max(1, math.floor(low / 2))
 local handled_mark = '!' .. token .. ',' .. t
 -- `e` for the grant a hand-over makes (one field read is cheaper than a call).
-if id then load(s, q, 'e', mf) else load(s, q, 'e') end
-local live = held()
-if not (live and C.t == t and C.k == token) then
-  -- Not ours any more. If the lease simply expired, move the chat on.
-  if not live and C.n > 0 then settle(chat, ttl, hist, keep_ms, wake, nil, nil) end
+if id then load(s, q, 'e', mf, nil, nil, true) else load(s, q, 'e', nil, nil, nil, true) end
+-- Ours while no other grant was made since ours and it was not released: a lease that
+-- ran out with nobody granted the chat after it still was the only one (exclusion held),
+-- so its release needs no clock. The holder learns of a lease that ran out on its own
+-- side (its deadline) and of a refused renewal.
+if not (C.t == t and C.k == token and C.u ~= 0) then
+  C.now = now_us()
+  -- Not ours any more. If a lease simply expired, move the chat on.
+  if not held() and C.n > 0 then settle(chat, ttl, hist, keep_ms, wake, nil, nil) end
   flush()
   -- A retry of this very release whose reply was lost: the mark says so.
   if id and C.v[mf] == handled_mark then return {'released'} end
@@ -113,6 +117,7 @@ if id and C.v[mf] == t then
 end
 local g = nil
 if C.n > 0 then
+  C.now = now_us()
   g = settle(chat, ttl, hist, keep_ms, wake, nil, me)
 end
 flush()

@@ -397,6 +397,64 @@ pub fn stale_release_is_refused<H: Harness>() {
     c.detach(&paused, &[]).expect("detach");
 }
 
+/// A lease that ran out while nobody else was granted the chat is released (no other
+/// holder can have overlapped it) and counts its message handled; a release once
+/// another replica holds the chat is lost (backend level).
+pub fn a_lapsed_lease_nobody_took_is_released<H: Harness>() {
+    let ttl = Duration::from_millis(300);
+    let h = H::start(ttl);
+    let c = h.coordinator();
+    let paused: botmesh::ReplicaId = Arc::from("paused");
+    c.attach(&paused, Arc::new(|_: &str, _| {}))
+        .expect("attach");
+    let old = Ticket {
+        replica: paused.clone(),
+        seq: 1,
+    };
+    let grant = match c
+        .enqueue(&EnqueueRequest {
+            chat: "chat",
+            ticket: &old,
+            message_id: Some("m1"),
+            wait: LONG,
+        })
+        .expect("enqueue")
+    {
+        Enqueued::Granted(g) => g,
+        other => panic!("expected a grant, got {other:?}"),
+    };
+    let lease = HeldLease {
+        chat: "chat",
+        ticket: &old,
+        token: grant.token,
+    };
+    // The backends' clocks are this host's: twice the TTL on it, and the lease ran out.
+    let end = Instant::now() + ttl * 2;
+    while Instant::now() < end {
+        thread::park_timeout(end - Instant::now());
+    }
+    assert_eq!(
+        c.release(&lease, Some("m1")).expect("release"),
+        Released::Released { next: None }
+    );
+    let other = Ticket {
+        replica: paused.clone(),
+        seq: 2,
+    };
+    assert_eq!(
+        c.enqueue(&EnqueueRequest {
+            chat: "chat",
+            ticket: &other,
+            message_id: Some("m1"),
+            wait: LONG,
+        })
+        .expect("enqueue"),
+        Enqueued::Duplicate,
+        "the message was handled under its lease"
+    );
+    c.detach(&paused, &[]).expect("detach");
+}
+
 /// A replica that loses its lease (its renewals fail for longer than the TTL) is told
 /// through `Turn::is_lost`, and its release reports `lost`.
 pub fn lost_lease_is_reported<H: Harness>() {
@@ -963,6 +1021,11 @@ macro_rules! suite {
         fn stale_release_is_refused() {
             let _serial = crate::support::serial();
             conformance::stale_release_is_refused::<$h>();
+        }
+        #[test]
+        fn a_lapsed_lease_nobody_took_is_released() {
+            let _serial = crate::support::serial();
+            conformance::a_lapsed_lease_nobody_took_is_released::<$h>();
         }
         #[test]
         fn lost_lease_is_reported() {
