@@ -223,16 +223,23 @@ local function settle(chat, ttl, hist, keep_ms, wake, own_t, own_r)
     end
     set_n(C.n - 1)
     local r = replica_of(t)
-    local af = 'a' .. r
-    local alive = tonumber(C.v[af] or redis.call('HGET', C.s, af))
-    if alive and alive > C.now then
+    -- A releasing replica's own tickets need no liveness read: it is alive (it is
+    -- calling, and the chat's state is whole: it just found its own grant there).
+    -- A ticket found by its own re-check is read as others are: its state may have
+    -- been lost (its liveness with it), and it is then re-queued, not granted.
+    local kept = t == own_t or r == own_r
+    local alive = nil
+    if r ~= own_r then
+      local af = 'a' .. r
+      alive = tonumber(C.v[af] or redis.call('HGET', C.s, af))
+    end
+    if r == own_r or (alive and alive > C.now) then
       -- The grantee's own liveness bounds its lease, not the caller's TTL: replicas
       -- may run different TTLs (a rolling deploy), and alive-until was set from the
       -- grantee's TTL at its last renewal, so the lease never outlives a crashed
       -- grantee by more than its own TTL, nor lapses before it can renew. A grant the
       -- caller answers with (kept) is the caller's own, and the caller is alive: it
       -- gets a full TTL from now, which the caller counts from its call's send time.
-      local kept = t == own_t or r == own_r
       local lease = ttl
       if not kept then lease = math.floor((alive - C.now) / 1000) end
       if lease < 1 then lease = 1 end
