@@ -235,11 +235,20 @@ fn killed_subscriber_connection() {
     a.shutdown();
 }
 
-fn llen(server: &RedisServer, key: &str) -> i64 {
-    redis::cmd("LLEN")
-        .arg(key)
-        .query(&mut server.connection())
-        .expect("LLEN")
+/// How many tickets chat `chat`'s queue holds: its head, field `q` of the state hash
+/// (each ticket between NULs: `"\0t1\0t2\0"`), and its tail, list `q`.
+fn queued(server: &RedisServer, chat: &str) -> usize {
+    let mut con = server.connection();
+    let q: Option<String> = redis::cmd("HGET")
+        .arg(format!("botmesh:{{{chat}}}:s"))
+        .arg("q")
+        .query(&mut con)
+        .expect("HGET");
+    let tail: usize = redis::cmd("LLEN")
+        .arg(format!("botmesh:{{{chat}}}:q"))
+        .query(&mut con)
+        .expect("LLEN");
+    q.map_or(0, |q| q.matches('\0').count().saturating_sub(1)) + tail
 }
 
 /// A command whose reply is lost (the connection is cut after Redis ran it) is retried
@@ -289,11 +298,7 @@ fn lost_reply_is_retried_idempotently() {
         c.enqueue(&request(&t2, "m2")).expect("enqueue"),
         Enqueued::Queued
     );
-    assert_eq!(
-        llen(&server, "botmesh:{chat}:q"),
-        1,
-        "the ticket is queued once"
-    );
+    assert_eq!(queued(&server, "chat"), 1, "the ticket is queued once");
     let claim: String = redis::cmd("HGET")
         .arg("botmesh:{chat}:s")
         .arg("mm2")
@@ -313,7 +318,7 @@ fn lost_reply_is_retried_idempotently() {
         c.enqueue(&request(&t3, "m2")).expect("enqueue"),
         Enqueued::InFlight
     );
-    assert_eq!(llen(&server, "botmesh:{chat}:q"), 1);
+    assert_eq!(queued(&server, "chat"), 1);
     let lease = HeldLease {
         chat: "chat",
         ticket: &t1,
@@ -503,8 +508,9 @@ fn lease_left_ms(server: &RedisServer, key: &str) -> i64 {
 }
 
 /// Replicas with different lease TTLs (a rolling deploy) share one chat. A short-TTL
-/// replica's calls must not cut the queue's expiry below what a long-TTL waiter
-/// needs (its queue would vanish and a later arrival would be served first), and a
+/// replica's calls must not cut the state's expiry (it holds the queue) below what a
+/// long-TTL waiter needs (its queue would vanish and a later arrival would be served
+/// first), and a
 /// grant to a long-TTL replica made by a short-TTL one must last the grantee's own
 /// TTL (it renews every TTL/3 of its own, so a shorter lease would lapse under it).
 /// Checked on the keys' expiries, without waiting for any of them.
@@ -544,10 +550,10 @@ fn mixed_ttls_keep_the_queue_and_the_grantees_lease() {
         panic!("a free chat is granted");
     };
     assert_eq!(enqueue(&a, &ta), Enqueued::Queued);
-    let after_a = pttl(&server, "botmesh:{x}:q");
+    let after_a = pttl(&server, "botmesh:{x}:s");
     assert!(after_a > 80_000, "3 × a's TTL: {after_a} ms");
     assert_eq!(enqueue(&b, &tb), Enqueued::Queued);
-    let after_b = pttl(&server, "botmesh:{x}:q");
+    let after_b = pttl(&server, "botmesh:{x}:s");
     assert!(
         after_b > 80_000,
         "b (TTL 1 s) shortened a's queue to {after_b} ms"
@@ -738,12 +744,13 @@ fn wait_replicas_refuses_what_no_replica_acknowledged() {
     );
 }
 
-/// A chat whose state hash is gone while its queue is still there (evicted under
-/// `maxmemory`, or a partial restore): the re-check of a waiting ticket answers it is
-/// gone, so the replica enqueues it again, instead of failing in the function (which
-/// once read an argument it could not see there and failed every re-check for good).
+/// A chat whose state hash (and with it its queue) is gone under a waiting ticket
+/// (evicted under `maxmemory`, or a partial restore): the re-check of the ticket
+/// answers it is gone, so the replica enqueues it again, instead of failing in the
+/// function (which once read an argument it could not see there and failed every
+/// re-check for good).
 #[test]
-fn a_queue_without_its_state_hash_is_answered_gone() {
+fn a_waiting_ticket_whose_state_hash_is_gone_is_answered_gone() {
     let _serial = serial();
     let server = RedisServer::start();
     let c = coordinator(&server.url(), Duration::from_secs(10));
@@ -774,7 +781,6 @@ fn a_queue_without_its_state_hash_is_answered_gone() {
         .query(&mut con)
         .expect("DEL");
     assert_eq!(deleted, 1);
-    assert_eq!(llen(&server, "botmesh:{chat}:q"), 1, "the queue is left");
     let waiting = botmesh::Waiting {
         chat: "chat",
         ticket: &t2,
@@ -786,6 +792,116 @@ fn a_queue_without_its_state_hash_is_answered_gone() {
     assert!(matches!(
         c.enqueue(&request(&t2)).expect("enqueue"),
         Enqueued::Granted(_)
+    ));
+    c.detach(&me, &[]).expect("detach");
+}
+
+/// A deep queue: its oldest tickets stay in the state hash's field `q` (at most 64
+/// bytes, so the hash keeps Redis' compact listpack encoding), the rest in list `q`.
+/// FIFO holds across the two parts, and a retried enqueue or a cancel finds a ticket in
+/// either.
+#[test]
+fn a_deep_queue_spills_into_its_list_and_keeps_its_order_and_encoding() {
+    let _serial = serial();
+    let server = RedisServer::start();
+    let c = coordinator(&server.url(), Duration::from_secs(10));
+    // Sequence numbers as wide as a replica's (they start from the clock in ns): two
+    // tickets fill the field.
+    let me: botmesh::ReplicaId = Arc::from("r1");
+    c.attach(&me, Arc::new(|_: &str, _| {})).expect("attach");
+    const BASE: u64 = 1_796_322_283_887_700_000;
+    let ticket = |seq| Ticket {
+        replica: me.clone(),
+        seq: BASE + seq,
+    };
+    let enqueue = |t: &Ticket| {
+        c.enqueue(&EnqueueRequest {
+            chat: "chat",
+            ticket: t,
+            message_id: None,
+            wait: RECV,
+        })
+        .expect("enqueue")
+    };
+    let Enqueued::Granted(mut holder) = enqueue(&ticket(1)) else {
+        panic!("a free chat is granted");
+    };
+    for seq in 2..=12 {
+        assert_eq!(enqueue(&ticket(seq)), Enqueued::Queued);
+    }
+    assert_eq!(queued(&server, "chat"), 11);
+    let mut con = server.connection();
+    let tail: usize = redis::cmd("LLEN")
+        .arg("botmesh:{chat}:q")
+        .query(&mut con)
+        .expect("LLEN");
+    assert!(
+        tail >= 8,
+        "only the oldest tickets stay in the field: {tail} spilled"
+    );
+    let encoding: String = redis::cmd("OBJECT")
+        .arg("ENCODING")
+        .arg("botmesh:{chat}:s")
+        .query(&mut con)
+        .expect("OBJECT");
+    assert_eq!(encoding, "listpack");
+    // A ticket in the list and one in the field are found and cancelled.
+    let cancel = |seq| {
+        c.cancel(&botmesh::Waiting {
+            chat: "chat",
+            ticket: &ticket(seq),
+            message_id: None,
+        })
+        .expect("cancel")
+    };
+    // A retried enqueue finds its ticket in either part and does not queue it twice.
+    assert_eq!(enqueue(&ticket(2)), Enqueued::Queued);
+    assert_eq!(enqueue(&ticket(11)), Enqueued::Queued);
+    assert_eq!(queued(&server, "chat"), 11);
+    assert_eq!(cancel(3), None);
+    assert_eq!(cancel(11), None);
+    assert_eq!(queued(&server, "chat"), 9);
+    // Released in turn, each grant goes to the next ticket in arrival order.
+    let mut order = Vec::new();
+    loop {
+        let t = holder.ticket.clone();
+        let lease = HeldLease {
+            chat: "chat",
+            ticket: &t,
+            token: holder.token,
+        };
+        match c.release(&lease, None).expect("release") {
+            Released::Released { next: Some(g) } => {
+                assert!(g.token > holder.token);
+                order.push(g.ticket.seq - BASE);
+                holder = g;
+            }
+            Released::Released { next: None } => break,
+            Released::Lost => panic!("the holder's release is lost"),
+        }
+    }
+    assert_eq!(order, [2, 4, 5, 6, 7, 8, 9, 10, 12]);
+    assert_eq!(queued(&server, "chat"), 0);
+    // Once the list drained, a new waiter is queued in the field again.
+    let Enqueued::Granted(g) = enqueue(&ticket(13)) else {
+        panic!("the chat is free again");
+    };
+    assert_eq!(enqueue(&ticket(14)), Enqueued::Queued);
+    let head: String = redis::cmd("HGET")
+        .arg("botmesh:{chat}:s")
+        .arg("q")
+        .query(&mut con)
+        .expect("HGET");
+    assert!(head.contains("14:"), "{head:?}");
+    let t = g.ticket.clone();
+    let lease = HeldLease {
+        chat: "chat",
+        ticket: &t,
+        token: g.token,
+    };
+    assert!(matches!(
+        c.release(&lease, None).expect("release"),
+        Released::Released { next: Some(_) }
     ));
     c.detach(&me, &[]).expect("detach");
 }

@@ -61,8 +61,8 @@ fn chat_of(prefix: &str, key: &str, want: &str) -> Option<String> {
 
 /// What the reads of one chat answered: fields `h` ("token,lease end µs,queue
 /// length,marks,ticket": the holder, or once free the last holder) and `p` ("token,replica"
-/// of the previous holder) of its state hash, its queue length, and the server's time
-/// (µs).
+/// of the previous holder) of its state hash, its queue's length (the tickets of field
+/// `q` and of list `q`), and the server's time (µs).
 struct Read {
     fields: [Option<String>; 2],
     queued: usize,
@@ -140,7 +140,7 @@ fn read_chats(r: &impl Reads, stored: &[String]) -> Result<Vec<Read>, BackendErr
         return Ok(Vec::new());
     }
     // Per chat, on its own node (one pipeline per node): that node's time, the state's
-    // holder fields and the queue's length.
+    // holder fields and queue head, and the queue tail's length.
     let mut cmds: Vec<(u16, Cmd)> = Vec::with_capacity(stored.len() * 3);
     for name in stored {
         let keys = ChatKeys::new(r.prefix(), name);
@@ -150,7 +150,7 @@ fn read_chats(r: &impl Reads, stored: &[String]) -> Result<Vec<Read>, BackendErr
             slot,
             redis::cmd("HMGET")
                 .arg(keys.key("s"))
-                .arg(&["h", "p"])
+                .arg(&["h", "p", "q"])
                 .clone(),
         ));
         cmds.push((slot, redis::cmd("LLEN").arg(keys.key("q")).clone()));
@@ -163,16 +163,20 @@ fn read_chats(r: &impl Reads, stored: &[String]) -> Result<Vec<Read>, BackendErr
         .collect::<Result<Vec<Value>, BackendError>>()?;
     let mut it = replies.into_iter();
     let mut out = Vec::with_capacity(stored.len());
-    while let (Some(t), Some(h), Some(q)) = (it.next(), it.next(), it.next()) {
+    while let (Some(t), Some(h), Some(tail)) = (it.next(), it.next(), it.next()) {
         let (secs, micros): (u64, u64) = typed(t)?;
         let now_us = secs * 1_000_000 + micros;
         let fields: Vec<Option<String>> = typed(h)?;
-        let fields: [Option<String>; 2] = fields
+        let [h, p, q]: [Option<String>; 3] = fields
             .try_into()
             .map_err(|_| BackendError::new("short HMGET reply from Redis"))?;
+        // Each ticket of the head stands between NULs: "\0t1\0t2\0".
+        let head = q.map_or(0, |q| q.matches('\0').count().saturating_sub(1));
+        let tail: usize = typed(tail)?;
+        let queued = head + tail;
         out.push(Read {
-            fields,
-            queued: typed(q)?,
+            fields: [h, p],
+            queued,
             now_us,
         });
     }

@@ -5,11 +5,15 @@
 --   s  state: HASH, every field short (so Redis keeps it as a compact listpack):
 --        h         "k,u,n,c,t": the holder's (or, once free, the last holder's) token,
 --                  until when its lease runs (server time, us; 0 once released), how
---                  many tickets q holds (so the fast paths skip the list), how many
---                  "!" marks the hash holds, and its ticket; one field, as every field
---                  read or written costs time
+--                  many tickets the queue holds (field q and list q together, so the
+--                  fast paths skip both), how many "!" marks the hash holds, and its
+--                  ticket; one field, as every field read or written costs time
+--        q         the queue's head: its oldest tickets, each between NULs
+--                  ("\0t1\0t2\0"; empty or absent: none), at most Q_MAX bytes. Read
+--                  with the holder record and written with it, so a message that
+--                  queues behind one or two others costs no command on a second key
 --        p         "pk,pr": the previous holder's token and replica, for this grant
---        e, qe     until when the key's own expiry, and the queue's, is set (us)
+--        e, qe     until when the key's own expiry, and list q's, is set (us)
 --        a<r>      alive-until (us) of replica r's tickets in this chat, refreshed by
 --                  its renewals (one field per replica: a deep queue costs a tick nothing)
 --        m<id>     message id <id>: the claimant ticket while in flight, "!token,ticket"
@@ -17,10 +21,13 @@
 --                  enqueue, after a lost reply is recognised by it), "-" once its
 --                  ticket gave up
 --        f         "floor,hi" (see below)
---   q  queue: LIST of tickets in arrival order; PX 3 x TTL, extended by waiters
--- A ticket is "<seq>:<replica>". Times are Redis TIME in microseconds. The state is
--- read with one HMGET and written with one HSET per call: the fast paths make three
--- redis.calls (TIME, HMGET, HSET), and their cost goes with the fields and arguments.
+--   q  the queue's tail: LIST of the tickets that did not fit in field q, in arrival
+--      order; PX 3 x TTL, extended by waiters. A ticket joins the list whenever it
+--      holds any, so the field's tickets are always the older ones.
+-- A ticket is "<seq>:<replica>" (no replica id holds a NUL). Times are Redis TIME in
+-- microseconds. The state is read with one HMGET and written with one HSET per call:
+-- the fast paths make three redis.calls (TIME, HMGET, HSET; a release nobody waits
+-- for, two), and their cost goes with the fields and arguments.
 --
 -- Dedup: the newest low..high handled marks of a chat are kept (low: the dedup_ids
 -- option, high: 1.5 x low), the older ones evicted in batches (oldest token first).
@@ -145,9 +152,9 @@ local function holder_reply(tag)
   local pk, pr = string.match(C.v.p or ',', '^([^,]*),(.*)$')
   return {tag, C.t, C.k, pr or '', pk or ''}
 end
--- Keeps the queue at least 3 x ttl ms from now, never shortening it: a replica with a
+-- Keeps list q at least 3 x ttl ms from now, never shortening it: a replica with a
 -- short TTL must not cut the queue of a waiter with a long one. `qe` remembers until
--- when the queue's expiry is known to run (us), so most calls need no PEXPIRE; `fresh`:
+-- when the list's expiry is known to run (us), so most calls need no PEXPIRE; `fresh`:
 -- the RPUSH just created the list (it has no expiry yet).
 local function keep_queue(ttl, fresh)
   if C.v.qe == nil then C.v.qe = redis.call('HGET', C.s, 'qe') end
@@ -174,6 +181,92 @@ local function keep_until(upto, keep)
   flush()
   -- As text: Redis formats a number argument with %.17g.
   redis.call('PEXPIRE', C.s, num(ms))
+end
+-- The queue: its head in field q, its tail in list q (see the top). Q_MAX is Redis'
+-- default hash-max-listpack-value: a longer field would turn the whole state hash
+-- into a hash table for good, which costs a busy chat several KB.
+local Q_MAX = 64
+-- Field q as read (this call reads it if it has not).
+local function queue()
+  local q = C.v.q
+  if q == nil then
+    q = redis.call('HGET', C.s, 'q')
+    C.v.q = q
+  end
+  return q or ''
+end
+-- How many tickets field q holds.
+local function field_count(q)
+  local n, i = 0, string.find(q, '\0', 2, true)
+  while i do
+    n = n + 1
+    i = string.find(q, '\0', i + 1, true)
+  end
+  return n
+end
+-- Whether the list holds any ticket (by the count: the list is not read).
+local function spilled(q) return C.n > field_count(q) end
+local function q_has(t)
+  local q = queue()
+  if string.find(q, '\0' .. t .. '\0', 1, true) then return true end
+  return spilled(q) and redis.call('LPOS', C.q, t) ~= false
+end
+-- Queues ticket t last; call before counting it in C.n.
+local function q_push(t, ttl)
+  local q = queue()
+  if not spilled(q) then
+    if q == '' then q = '\0' end
+    local x = q .. t .. '\0'
+    if #x <= Q_MAX then
+      put('q', x)
+      return
+    end
+  end
+  local len = redis.call('RPUSH', C.q, t)
+  keep_queue(ttl, len == 1)
+end
+-- The first ticket, taken out; nil when the queue is empty. The list is popped only
+-- while the count says it holds any: on a cluster node whose slot is migrating, a call
+-- on a key that is gone (the last LPOP deleted the list) aborts the function midway
+-- with its earlier writes kept.
+local function q_pop()
+  local q = queue()
+  local i = string.find(q, '\0', 2, true)
+  if i then
+    local t = string.sub(q, 2, i - 1)
+    if i == #q then put('q', '') else put('q', string.sub(q, i)) end
+    return t
+  end
+  if q ~= '' then put('q', '') end
+  return redis.call('LPOP', C.q) or nil
+end
+-- Takes every copy of ticket t out; returns how many there were.
+local function q_remove(t)
+  local q = queue()
+  local list = spilled(q)
+  local pat = '\0' .. t .. '\0'
+  local i = string.find(q, pat, 1, true)
+  local n = 0
+  while i do
+    q = string.sub(q, 1, i) .. string.sub(q, i + #pat)
+    n = n + 1
+    i = string.find(q, pat, i, true)
+  end
+  if n > 0 then
+    if q == '\0' then q = '' end
+    put('q', q)
+  end
+  if list then n = n + redis.call('LREM', C.q, 0, t) end
+  return n
+end
+-- Both parts counted (only to repair a count lost with the state).
+local function q_len()
+  return field_count(queue()) + redis.call('LLEN', C.q)
+end
+-- Keeps the queue (both parts) at least 3 x TTL from now: waiters are alive.
+local function keep_tickets(ttl)
+  keep_until(C.now + 3 * ttl * 1000, 0)
+  if spilled(queue()) then keep_queue(ttl, false) end
 end
 -- Records a grant of the chat to ticket t (of replica r) with a lease of `lease` ms;
 -- publishes it to r unless `kept` (the caller answers with it).
@@ -209,14 +302,10 @@ end
 -- ticket in the queue, skipping lapsed ones. Returns the grant or nil. The caller
 -- answers with (keeps) a grant to ticket `own_t` or to any ticket of replica `own_r`
 -- (either may be nil); the others are published.
--- Pops at most C.n tickets: once the count says the queue is empty the list is not
--- touched again. On a cluster node whose slot is migrating, a call on a key that is
--- gone (the last LPOP deleted the list) aborts the function midway with its earlier
--- writes kept; bounded by the count, only a count that is too high (never seen: both
--- keys change in the same call) can still reach that.
+-- Pops at most C.n tickets: once the count says the queue is empty it is not read.
 local function settle(chat, ttl, hist, keep_ms, wake, own_t, own_r)
   while C.n > 0 do
-    local t = redis.call('LPOP', C.q)
+    local t = q_pop()
     if not t then
       set_n(0)
       return nil

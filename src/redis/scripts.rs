@@ -4,7 +4,7 @@ use redis::{Connection, ErrorKind, RedisError, RedisResult, Script, ServerErrorK
 
 pub(super) const PRELUDE: &str = include_str!("scripts.lua");
 
-/// The arguments every per-chat script takes: KEYS s (state), q (queue); ARGV chat,
+/// The arguments every per-chat script takes: KEYS s (state), q (the queue's tail); ARGV chat,
 /// ticket, TTL ms, history ms, wake channel prefix, keep ms (how long the state outlives
 /// the chat's last grant: the larger of the history and the dedup window), message id
 /// (`""`: none, or dedup off), then the script's own: `enqueue` the claim's lifetime
@@ -23,12 +23,12 @@ local mf = id and ('m' .. id)
 
 pub(super) const ENQUEUE: &str = r#"
 local me = replica_of(t)
-if id then load(s, q, 'e', 'qe', mf, 'f') else load(s, q, 'e', 'qe') end
+if id then load(s, q, 'e', 'q', mf, 'f') else load(s, q, 'e', 'q') end
 local live = held()
 if live and C.t == t then return holder_reply('granted') end
 -- A retry of this very enqueue is already queued. With a message id, only a ticket
 -- that holds the id's claim can be (every enqueue that queues claims it).
-if C.n > 0 and (not id or C.v[mf] == t) and redis.call('LPOS', q, t) then
+if C.n > 0 and (not id or C.v[mf] == t) and q_has(t) then
   return {'queued'}
 end
 if id then
@@ -44,7 +44,7 @@ if id then
   if c and c ~= t then
     -- Claimed by a live delivery not handled yet: ask again later (it may die).
     if live and C.t == c then return {'inflight'} end
-    if C.n > 0 and redis.call('LPOS', q, c) then
+    if C.n > 0 and q_has(c) then
       local wc = tonumber(redis.call('HGET', s, 'a' .. replica_of(c)))
       if wc and wc > C.now then return {'inflight'} end
     end
@@ -71,10 +71,12 @@ if not live and C.n == 0 then
   flush()
   return {'granted', t, g[2], g[3], g[4]}
 end
-local len = redis.call('RPUSH', q, t)
+q_push(t, ttl)
 set_n(C.n + 1)
 put('a' .. me, num(C.now + ttl * 1000))
-keep_queue(ttl, len == 1)
+-- The queue's head lives in the state: the key outlives the ticket's liveness (3 x
+-- TTL, as alive-until is refreshed every TTL / 3 at most), whatever its last grant was.
+keep_until(C.now + 3 * ttl * 1000, 0)
 -- The claim outlives the message's wait and one lease more (ARGV[8], ms): the state,
 -- which holds it, already outlives any live lease by keep_ms, so only a longer claim
 -- needs the key's expiry moved.
@@ -94,7 +96,7 @@ local low = tonumber(ARGV[10]) or 64
 local high = low + math.max(1, math.floor(low / 2))
 local handled_mark = '!' .. token .. ',' .. t
 -- `e` for the grant a hand-over makes (one field read is cheaper than a call).
-if id then load(s, q, 'e', mf, nil, nil, true) else load(s, q, 'e', nil, nil, nil, true) end
+if id then load(s, q, 'e', 'q', mf, nil, true) else load(s, q, 'e', 'q', nil, nil, true) end
 -- Ours while no other grant was made since ours and it was not released: a lease that
 -- ran out with nobody granted the chat after it still was the only one (exclusion held),
 -- so its release needs no clock. The holder learns of a lease that ran out on its own
@@ -153,11 +155,11 @@ return 0
 
 pub(super) const CHECK: &str = r#"
 local me = replica_of(t)
-load(s, q, 'e', 'a' .. me, 'qe')
+load(s, q, 'e', 'a' .. me, 'q', 'qe')
 local seen = C.v['a' .. me]
 -- The count of queued tickets bounds every hand-over; a check is where a count lost
 -- to a restart or a stale replica is repaired (before any pop may empty the list).
-if not held() and C.n == 0 then set_n(redis.call('LLEN', q)) end
+if not held() and C.n == 0 then set_n(q_len()) end
 if not held() then settle(chat, ttl, hist, keep_ms, wake, t, nil) end
 -- Held by this ticket or another of the caller's: the caller asks about its earliest
 -- ticket by sequence, and one queued again later stands behind later ones.
@@ -165,7 +167,7 @@ if held() and replica_of(C.t) == me then
   -- The caller is alive: its later tickets in this chat stay so too (the re-check
   -- asks about its earliest ticket only, and a grant may wait a while to be used).
   put('a' .. me, num(C.now + ttl * 1000))
-  if C.n > 0 then keep_queue(ttl, false) end
+  if C.n > 0 then keep_tickets(ttl) end
   -- Renewed as the holder's own renewal would, never shortened: the caller counts the
   -- lease from this call, with no further round trip before using it.
   local u = C.now + ttl * 1000
@@ -176,10 +178,10 @@ if held() and replica_of(C.t) == me then
   flush()
   return holder_reply('granted')
 end
-if redis.call('LPOS', q, t) then
+if q_has(t) then
   put('a' .. me, num(C.now + ttl * 1000))
-  if C.n == 0 then set_n(redis.call('LLEN', q)) end
-  keep_queue(ttl, false)
+  if C.n == 0 then set_n(q_len()) end
+  keep_tickets(ttl)
   flush()
   return {'waiting'}
 end
@@ -191,13 +193,13 @@ return {'gone'}
 "#;
 
 pub(super) const CANCEL: &str = r#"
-if id then load(s, q, 'e', mf) else load(s, q, 'e') end
+if id then load(s, q, 'e', 'q', mf) else load(s, q, 'e', 'q') end
 if not held() then settle(chat, ttl, hist, keep_ms, wake, t, nil) end
 if held() and C.t == t then
   flush()
   return holder_reply('granted')
 end
-local removed = redis.call('LREM', q, 0, t)
+local removed = q_remove(t)
 if removed > 0 then set_n(C.n - removed) end
 -- Given up: a redelivery of the message may run (and no floor ever covers it).
 if id and C.v[mf] == t then put(mf, '-') end
