@@ -587,6 +587,10 @@ impl Inner {
         if locally_lost && was_held && metered {
             inc(&self.metrics.lost);
         }
+        // A turn counted lost is reported `lost` (its handler's later sends and
+        // checkpoint writes failed), so its message id stays open for a redelivery,
+        // even where the backend still releases it (no grant was made after it).
+        let handled = if locally_lost { None } else { handled };
         let released = self.coordinator.release(&state.lease(), handled);
         self.not_releasing(seq, state.token);
         match released {
@@ -699,12 +703,33 @@ impl Inner {
         );
     }
 
-    /// A waiter's deadline passed: take its ticket out of the queue, unless it was
-    /// granted meanwhile.
+    /// A waiter's deadline passed: its message is reported `timeout` now and its
+    /// ticket taken out of the queue, unless it was granted before.
+    ///
+    /// With a renewal thread, the ticket is withdrawn by its next tick (as a ghost,
+    /// whose grant is released if one comes first), not here: this runs on the timer
+    /// thread, which ends every wait, and a backend that does not answer (paused,
+    /// blackholed) held it for a command timeout per expiring waiter, so waits ran
+    /// for many times `turn_wait` and a stop for longer still. A grant that arrives
+    /// meanwhile is released; the message was reported already.
     pub(super) fn expire(self: &Arc<Self>, seq: u64) {
         let Some((w, _in_hand)) = self.take_in_hand(seq) else {
             return; // already granted
         };
+        if self.ticking.load(Ordering::Acquire) {
+            self.ghosts
+                .lock()
+                .push((w.chat.clone(), seq, w.message_id.clone()));
+            inc(&self.metrics.timed_out);
+            let err = CoordinationUnavailableError::new(
+                Reason::Timeout,
+                shown_chat(&w.chat),
+                w.message_id.as_deref(),
+            );
+            log::debug!(target: "botmesh::replica", "{err}");
+            w.on_grant.end(Err(NoTurn::Failed(err)));
+            return;
+        }
         let ticket = self.ticket(seq);
         let waiting = Waiting {
             chat: &w.chat,

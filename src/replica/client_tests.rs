@@ -32,7 +32,7 @@ struct Hooked {
     /// Rewrites the next `renew`'s answer (a backend state the memory backend never
     /// reaches itself, such as a ticket whose trace expired).
     rewrite_renewal: Mutex<Option<RenewalHook>>,
-    /// A replica whose renewals fail, as if cut off from the backend.
+    /// A replica whose renewals and cancels fail, as if cut off from the backend.
     cut_off: Mutex<Option<ReplicaId>>,
     /// Runs inside the next `renew` that carries held leases, with them.
     with_held: Mutex<Option<HeldHook>>,
@@ -97,6 +97,9 @@ impl Coordinator for Hooked {
         answer
     }
     fn cancel(&self, waiting: &Waiting<'_>) -> Result<Option<Grant>, BackendError> {
+        if self.cut_off.lock().as_ref() == Some(&waiting.ticket.replica) {
+            return Err(BackendError::new("cut off"));
+        }
         self.inner.cancel(waiting)
     }
     fn release(

@@ -1,5 +1,6 @@
-//! Races of a pushed grant with its own ticket's enqueue (see `client_tests.rs`, whose
-//! backend, hooks and helpers these tests use).
+//! Races of a pushed grant with its own ticket's enqueue, and waits that run out while
+//! the backend does not answer (see `client_tests.rs`, whose backend, hooks and helpers
+//! these tests use).
 
 use super::*;
 
@@ -68,4 +69,80 @@ fn a_pushed_grant_unconfirmed_while_its_enqueue_answered_still_ends() {
         other => panic!("expected the message reported lost, got {other:?}"),
     }
     x_turn.release().expect("x held the chat");
+}
+
+/// A wait that runs out while the backend does not answer ends at its deadline, with
+/// `timeout`: the timer thread makes no backend call for it, and the replica's next
+/// renewal tick withdraws the ticket. The timer thread once called `cancel` itself, one
+/// expiring waiter at a time, so with Redis paused each wait ended a command timeout
+/// (two attempts of 2 s) after the one before, and a stop waited for all of them.
+#[test]
+fn a_wait_that_runs_out_ends_at_once_and_the_tick_withdraws_its_ticket() {
+    let w = World::new();
+    let h = w.replica("h");
+    let r = w.replica("r");
+    // As under a renewal thread.
+    r.ticking.store(true, std::sync::atomic::Ordering::Release);
+    let h_turn = turn(&take(&h, "chat", None));
+    let waiting = take(&r, "chat", Some("m1"));
+    let seq = r.placed_waiters()[0].1;
+    *w.backend.cut_off.lock() = Some(r.id.clone());
+    r.expire(seq);
+    match waiting.try_recv() {
+        Ok(Err(NoTurn::Failed(e))) => assert_eq!(e.reason, crate::Reason::Timeout),
+        other => panic!("expected the wait ended with timeout, got {other:?}"),
+    }
+    // Reachable again: the tick withdraws the ticket and gives up its claim on m1.
+    *w.backend.cut_off.lock() = None;
+    tick(&r);
+    assert!(r.ghosts.lock().is_empty(), "the ticket was withdrawn");
+    h_turn.release().expect("h releases");
+    let x = w.replica("x");
+    let x_turn = turn(&take(&x, "chat", Some("m1")));
+    x_turn.release().expect("the redelivery ran");
+}
+
+/// A grant that reaches a ticket whose wait ran out (before the tick withdrew it) is
+/// released at once: the chat goes on to the next waiter.
+#[test]
+fn a_grant_to_a_wait_that_ran_out_is_released() {
+    let w = World::new();
+    let h = w.replica("h");
+    let r = w.replica("r");
+    r.ticking.store(true, std::sync::atomic::Ordering::Release);
+    let h_turn = turn(&take(&h, "chat", None));
+    let waiting = take(&r, "chat", None);
+    let behind = take(&h, "chat", None);
+    let seq = r.placed_waiters()[0].1;
+    r.expire(seq);
+    assert!(matches!(waiting.try_recv(), Ok(Err(NoTurn::Failed(_)))));
+    // h's release hands the chat to r's ticket; r releases it on arrival, and the chat
+    // goes on to h's second ticket.
+    h_turn.release().expect("h releases");
+    turn(&behind).release().expect("the next waiter ran");
+}
+
+/// A turn whose lease ran out by the replica's clock (its renewals failed) while nobody
+/// was granted the chat after it: the backend still releases it, but the message is
+/// reported `lost`, so it is not marked handled either: a redelivery runs, it is not
+/// answered `duplicate`.
+#[test]
+fn a_turn_lost_by_the_replicas_clock_leaves_its_message_open_for_a_redelivery() {
+    let w = World::new();
+    let r = w.replica("r");
+    let held = turn(&take(&r, "chat", Some("m1")));
+    *w.backend.cut_off.lock() = Some(r.id.clone());
+    for _ in 0..7 {
+        w.clock.advance(Duration::from_secs(3));
+        tick(&r);
+    }
+    assert!(held.is_lost());
+    let err = held
+        .release_handled()
+        .expect_err("lost by the replica's clock");
+    assert_eq!(err.reason, crate::Reason::Lost);
+    *w.backend.cut_off.lock() = None;
+    let x = w.replica("x");
+    let again = turn(&take(&x, "chat", Some("m1")));
+    again.release().expect("the redelivery ran");
 }

@@ -249,7 +249,7 @@ impl Inner {
     /// For the renewal tick: per chat, this replica's earliest placed waiting ticket
     /// (see [`Waiters::first_placed_per_chat`]): a backlog does not multiply the
     /// tick's work.
-    fn placed_waiters(&self) -> Vec<PlacedWaiter> {
+    pub(super) fn placed_waiters(&self) -> Vec<PlacedWaiter> {
         // An enqueue unanswered for a renewal period is slow, not failed (that takes
         // the command timeout): keep its ticket alive meanwhile.
         let slow = self
