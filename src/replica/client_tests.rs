@@ -483,27 +483,6 @@ fn a_grant_with_little_of_its_grantees_liveness_left_is_confirmed_before_use() {
     r_turn.release().expect("r held it throughout");
 }
 
-/// A pushed grant whose confirming renewal fails (Redis unreachable for a moment, or
-/// a failover whose new primary may not have the grant) is neither run nor given up:
-/// the ticket waits again, and the next re-check, answered by the backend, hands it
-/// the turn. Once it was reported lost though the backend still held the grant.
-#[test]
-fn a_pushed_grant_whose_confirmation_fails_waits_for_the_re_check() {
-    let w = World::new();
-    let (_h, r, h_turn, waiting) = held_with_a_stale_waiter(&w);
-    *w.backend.cut_off.lock() = Some(r.id.clone());
-    h_turn.release().expect("h releases");
-    assert!(
-        waiting.try_recv().is_err(),
-        "an unconfirmed grant neither runs nor ends the wait"
-    );
-    *w.backend.cut_off.lock() = None;
-    tick(&r);
-    turn(&waiting)
-        .release()
-        .expect("r held the chat from its grant on");
-}
-
 /// A ticket the backend has no trace of, found after the replica's liveness in the
 /// chat went unrefreshed for a TTL (the queue's keys expired while it was paused, or
 /// Redis was down that long), was most likely skipped and later messages ran: it is

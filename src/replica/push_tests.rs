@@ -146,3 +146,24 @@ fn a_turn_lost_by_the_replicas_clock_leaves_its_message_open_for_a_redelivery() 
     let again = turn(&take(&x, "chat", Some("m1")));
     again.release().expect("the redelivery ran");
 }
+
+/// A pushed grant whose confirming renewal fails (Redis unreachable for a moment, or
+/// a failover whose new primary may not have the grant) is neither run nor given up:
+/// the ticket waits again, and the next re-check, answered by the backend, hands it
+/// the turn. Once it was reported lost though the backend still held the grant.
+#[test]
+fn a_pushed_grant_whose_confirmation_fails_waits_for_the_re_check() {
+    let w = World::new();
+    let (_h, r, h_turn, waiting) = held_with_a_stale_waiter(&w);
+    *w.backend.cut_off.lock() = Some(r.id.clone());
+    h_turn.release().expect("h releases");
+    assert!(
+        waiting.try_recv().is_err(),
+        "an unconfirmed grant neither runs nor ends the wait"
+    );
+    *w.backend.cut_off.lock() = None;
+    tick(&r);
+    turn(&waiting)
+        .release()
+        .expect("r held the chat from its grant on");
+}
