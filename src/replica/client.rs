@@ -716,10 +716,7 @@ impl Inner {
         let Some((w, _in_hand)) = self.take_in_hand(seq) else {
             return; // already granted
         };
-        if self.ticking.load(Ordering::Acquire) {
-            self.ghosts
-                .lock()
-                .push((w.chat.clone(), seq, w.message_id.clone()));
+        let timed_out = |w: Waiter| {
             inc(&self.metrics.timed_out);
             let err = CoordinationUnavailableError::new(
                 Reason::Timeout,
@@ -728,7 +725,12 @@ impl Inner {
             );
             log::debug!(target: "botmesh::replica", "{err}");
             w.on_grant.end(Err(NoTurn::Failed(err)));
-            return;
+        };
+        if self.ticking.load(Ordering::Acquire) {
+            self.ghosts
+                .lock()
+                .push((w.chat.clone(), seq, w.message_id.clone()));
+            return timed_out(w);
         }
         let ticket = self.ticket(seq);
         let waiting = Waiting {
@@ -741,16 +743,7 @@ impl Inner {
                 let chat = w.chat.clone();
                 self.use_grant(&chat, w, grant, None, false);
             }
-            Ok(None) => {
-                inc(&self.metrics.timed_out);
-                let err = CoordinationUnavailableError::new(
-                    Reason::Timeout,
-                    shown_chat(&w.chat),
-                    w.message_id.as_deref(),
-                );
-                log::debug!(target: "botmesh::replica", "{err}");
-                w.on_grant.end(Err(NoTurn::Failed(err)));
-            }
+            Ok(None) => timed_out(w),
             Err(e) => {
                 inc(&self.metrics.backend_errors);
                 let err = CoordinationUnavailableError::new(

@@ -325,13 +325,12 @@ pub fn renewal_outlives_ttl<H: Harness>() {
     assert_eq!(rec.texts("chat"), ["start-long", "end-long", "next"]);
 }
 
-/// A holder whose lease expired and whose chat went to another replica releases: the
-/// new holder keeps its turn and the old one learns it had lost (backend level).
-pub fn stale_release_is_refused<H: Harness>() {
-    let ttl = Duration::from_millis(300);
-    let h = H::start(ttl);
-    let c = h.coordinator();
-    // The old holder talks to the backend directly and never renews: a paused process.
+/// Replica "paused", attached straight to the backend (it never renews), granted
+/// "chat" for ticket 1 with message id `id`.
+fn paused_holder(
+    c: &dyn Coordinator,
+    id: Option<&str>,
+) -> (botmesh::ReplicaId, Ticket, botmesh::Grant) {
     let paused: botmesh::ReplicaId = Arc::from("paused");
     c.attach(&paused, Arc::new(|_: &str, _| {}))
         .expect("attach");
@@ -339,18 +338,26 @@ pub fn stale_release_is_refused<H: Harness>() {
         replica: paused.clone(),
         seq: 1,
     };
-    let grant = match c
-        .enqueue(&EnqueueRequest {
-            chat: "chat",
-            ticket: &old,
-            message_id: None,
-            wait: LONG,
-        })
-        .expect("enqueue")
-    {
-        Enqueued::Granted(g) => g,
-        other => panic!("expected a grant, got {other:?}"),
+    let request = EnqueueRequest {
+        chat: "chat",
+        ticket: &old,
+        message_id: id,
+        wait: LONG,
     };
+    match c.enqueue(&request).expect("enqueue") {
+        Enqueued::Granted(g) => (paused.clone(), old.clone(), g),
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+/// A holder whose lease expired and whose chat went to another replica releases: the
+/// new holder keeps its turn and the old one learns it had lost (backend level).
+pub fn stale_release_is_refused<H: Harness>() {
+    let ttl = Duration::from_millis(300);
+    let h = H::start(ttl);
+    let c = h.coordinator();
+    // The old holder talks to the backend directly and never renews: a paused process.
+    let (paused, old, grant) = paused_holder(&*c, None);
     let fresh = Replica::start("fresh", c.clone()).expect("start");
     let turn = fresh
         .acquire_timeout("chat", LONG)
@@ -404,25 +411,7 @@ pub fn a_lapsed_lease_nobody_took_is_released<H: Harness>() {
     let ttl = Duration::from_millis(300);
     let h = H::start(ttl);
     let c = h.coordinator();
-    let paused: botmesh::ReplicaId = Arc::from("paused");
-    c.attach(&paused, Arc::new(|_: &str, _| {}))
-        .expect("attach");
-    let old = Ticket {
-        replica: paused.clone(),
-        seq: 1,
-    };
-    let grant = match c
-        .enqueue(&EnqueueRequest {
-            chat: "chat",
-            ticket: &old,
-            message_id: Some("m1"),
-            wait: LONG,
-        })
-        .expect("enqueue")
-    {
-        Enqueued::Granted(g) => g,
-        other => panic!("expected a grant, got {other:?}"),
-    };
+    let (paused, old, grant) = paused_holder(&*c, Some("m1"));
     let lease = HeldLease {
         chat: "chat",
         ticket: &old,
