@@ -188,17 +188,17 @@ fn read_chats(r: &impl Reads, stored: &[String]) -> Result<Vec<Read>, BackendErr
 /// the walk.
 const SCAN_CALLS: usize = 100;
 
-/// `SCAN … MATCH pattern COUNT n` on every primary until the end, until `found`
-/// holds `limit` names or after [`SCAN_CALLS`] calls in all; returns whether it
-/// stopped early.
+/// `SCAN … MATCH pattern COUNT n` on every primary: hands each call's new names to
+/// `batch` (which answers whether it has enough) until the end, until `batch` has
+/// enough, or after [`SCAN_CALLS`] calls in all; returns whether it stopped early.
 fn scan_chats(
     r: &impl Reads,
     pattern: &str,
     suffixes: &[&str],
-    limit: usize,
-    found: &mut BTreeSet<String>,
+    batch: &mut dyn FnMut(Vec<String>) -> Result<bool, BackendError>,
 ) -> Result<bool, BackendError> {
     let prefix = r.prefix();
+    let mut seen = BTreeSet::new();
     let mut calls = 0;
     for node in r.target().primaries() {
         let mut cursor: u64 = 0;
@@ -219,12 +219,15 @@ fn scan_chats(
                         .arg(SCAN_COUNT)
                         .query(con)
                 })?)?;
+            let mut fresh = Vec::new();
             for key in keys.into_iter().filter_map(|k| String::from_utf8(k).ok()) {
-                if let Some(name) = suffixes.iter().find_map(|s| chat_of(prefix, &key, s)) {
-                    found.insert(name);
+                if let Some(name) = suffixes.iter().find_map(|s| chat_of(prefix, &key, s))
+                    && seen.insert(name.clone())
+                {
+                    fresh.push(name);
                 }
             }
-            if found.len() > limit {
+            if !fresh.is_empty() && batch(fresh)? {
                 return Ok(true);
             }
             if next == 0 {
@@ -247,41 +250,44 @@ pub(super) fn inspect_chat(r: &impl Reads, chat: &str) -> Result<ChatView, Backe
 
 pub(super) fn inspect(r: &impl Reads, limit: usize) -> Result<MeshView, BackendError> {
     let p = glob_escape(r.prefix());
-    let mut names = BTreeSet::new();
-    let truncated = scan_chats(
-        r,
-        &format!("{p}:{{*}}:[sq]"),
-        &[":s", ":q"],
-        limit,
-        &mut names,
-    )?;
+    let mut view = MeshView::default();
+    // Each batch of chats is read as it is found and only the held or waited-for
+    // ones kept: a chat's state outlives its last grant by an hour or so, so most
+    // keys of a busy mesh are idle chats, and a limit on the keys looked at would
+    // show an arbitrary few of the active ones, or none.
+    let mut active: Vec<ChatView> = Vec::new();
+    let truncated = scan_chats(r, &format!("{p}:{{*}}:[sq]"), &[":s", ":q"], &mut |names| {
+        let chats: Vec<String> = names
+            .into_iter()
+            .filter(|n| matches!(lease_name(n), LeaseName::Chat(_)))
+            .collect();
+        for (name, read) in chats.iter().zip(read_chats(r, &chats)?) {
+            if let LeaseName::Chat(chat) = lease_name(name) {
+                let v = view_of(chat, read);
+                if v.holder.is_some() || v.queued > 0 {
+                    active.push(v);
+                }
+            }
+        }
+        Ok(active.len() > limit)
+    })?;
+    active.sort_by(|a, b| a.chat.cmp(&b.chat));
+    active.truncate(limit);
+    view.chats = active;
     // Leaderships apart, so a truncated chat scan cannot hide them.
-    let mut leaders = BTreeSet::new();
+    let mut leaders: Vec<String> = Vec::new();
     let leaders_cut = scan_chats(
         r,
         &format!("{p}:{{\0provider:*}}:[sq]"),
         &[":s", ":q"],
-        limit,
-        &mut leaders,
+        &mut |names| {
+            leaders.extend(names);
+            Ok(leaders.len() > limit)
+        },
     )?;
-    let mut chats: Vec<String> = names
-        .into_iter()
-        .filter(|n| matches!(lease_name(n), LeaseName::Chat(_)))
-        .collect();
-    chats.truncate(limit);
-    let leaders: Vec<String> = leaders.into_iter().collect();
-    let mut view = MeshView {
-        truncated: truncated || leaders_cut,
-        ..MeshView::default()
-    };
-    for (name, read) in chats.iter().zip(read_chats(r, &chats)?) {
-        if let LeaseName::Chat(chat) = lease_name(name) {
-            let v = view_of(chat, read);
-            if v.holder.is_some() || v.queued > 0 {
-                view.chats.push(v);
-            }
-        }
-    }
+    leaders.sort();
+    leaders.truncate(limit);
+    view.truncated = truncated || leaders_cut;
     for (name, read) in leaders.iter().zip(read_chats(r, &leaders)?) {
         if let LeaseName::Provider(id) = lease_name(name) {
             let v = view_of(id, read);
