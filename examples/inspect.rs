@@ -19,6 +19,8 @@
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use botmesh::redis::{RedisCoordinator, RedisOptions};
@@ -33,8 +35,20 @@ struct Args {
     limit: usize,
 }
 
-const USAGE: &str = "usage: cargo run --example inspect -- (--redis-url URL | --redis-url-env VAR) \
-[--key-prefix P] [--chat ID] [--json] [--limit N]";
+const USAGE: &str =
+    "usage: cargo run --example inspect -- (--redis-url URL | --redis-url-env VAR) \
+[--key-prefix P] [--chat ID] [--json] [--limit N]
+
+Read-only view of a botmesh mesh over Redis: the chats held or waited for (holder,
+fencing token, lease left, queue length), the live replicas and the provider leaders.
+
+  --redis-url URL       the Redis (or cluster node) to read
+  --redis-url-env VAR   the same, from an environment variable (keeps a password out of ps)
+  --key-prefix P        the replicas' key prefix [default: botmesh]
+  --chat ID             one chat only, with its previous holder
+  --json                one JSON object instead of the table
+  --limit N             at most N held or waited-for chats shown [default: 100] (idle chats are read
+                        and skipped); at most 100,000 keys are looked at in all";
 
 fn parse() -> Result<Args, String> {
     use lexopt::prelude::*;
@@ -116,12 +130,23 @@ fn main() -> ExitCode {
     };
     match result {
         Ok((mesh, one)) => {
-            if args.json {
-                println!("{}", to_json(&mesh, one));
+            let text = if args.json {
+                format!("{}\n", to_json(&mesh, one))
             } else {
-                print_table(&mesh, one);
+                table(&mesh, one)
+            };
+            // Written at once, and a closed pipe (`inspect | head`) is not an error.
+            let mut stdout = std::io::stdout().lock();
+            match stdout
+                .write_all(text.as_bytes())
+                .and_then(|()| stdout.flush())
+            {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    eprintln!("inspect: {e}");
+                    ExitCode::from(1)
+                }
+                _ => ExitCode::SUCCESS,
             }
-            ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!("inspect: {e}");
@@ -164,8 +189,11 @@ fn to_json(m: &MeshView, one: bool) -> Value {
     })
 }
 
-fn print_table(m: &MeshView, one: bool) {
-    println!(
+/// The view as the text table the command prints.
+fn table(m: &MeshView, one: bool) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
         "{:<24} {:<16} {:>18} {:>9} {:>7}{}",
         "CHAT",
         "HOLDER",
@@ -188,25 +216,33 @@ fn print_table(m: &MeshView, one: bool) {
             (None, true) => "  -".into(),
             _ => String::new(),
         };
-        println!(
+        let _ = writeln!(
+            out,
             "{:<24} {holder:<16} {token:>18} {left:>9} {:>7}{previous}",
             format!("{:?}", v.chat),
             v.queued
         );
     }
     if one {
-        return;
+        return out;
     }
     if m.truncated {
-        println!(
+        let _ = writeln!(
+            out,
             "(truncated: more chats than --limit, or over 100,000 keys scanned; a narrower --key-prefix helps there)"
         );
     }
-    println!();
-    println!("replicas ({}): {}", m.replicas.len(), m.replicas.join(", "));
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "replicas ({}): {}",
+        m.replicas.len(),
+        m.replicas.join(", ")
+    );
     for l in &m.leaders {
-        match &l.holder {
-            Some(h) => println!(
+        let _ = match &l.holder {
+            Some(h) => writeln!(
+                out,
                 "leader of {:?}: {} (token {}, lease {} ms left), {} standby(s)",
                 l.provider,
                 h.ticket.replica,
@@ -214,10 +250,12 @@ fn print_table(m: &MeshView, one: bool) {
                 ms(h.lease_left),
                 l.standbys
             ),
-            None => println!(
+            None => writeln!(
+                out,
                 "leader of {:?}: none, {} standby(s)",
                 l.provider, l.standbys
             ),
-        }
+        };
     }
+    out
 }
