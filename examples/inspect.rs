@@ -47,8 +47,8 @@ fencing token, lease left, queue length), the live replicas and the provider lea
   --key-prefix P        the replicas' key prefix [default: botmesh]
   --chat ID             one chat only, with its previous holder
   --json                one JSON object instead of the table
-  --limit N             at most N held or waited-for chats shown [default: 100] (idle chats are read
-                        and skipped); at most 100,000 keys are looked at in all";
+  --limit N             at most N held or waited-for chats shown [default: 100]; idle
+                        chats are read and skipped, at most 100,000 keys looked at in all";
 
 fn parse() -> Result<Args, String> {
     use lexopt::prelude::*;
