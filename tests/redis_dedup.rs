@@ -304,3 +304,49 @@ fn eviction_orders_marks_of_mixed_token_widths_by_number() {
         assert!(exists(&mut con, &format!("mu-{i}")), "u-{i} kept");
     }
 }
+
+#[test]
+fn a_call_that_fails_midway_leaves_nothing_for_the_next_call() {
+    // The functions keep their working tables for the library's life and empty them
+    // at each call's start: what a call that failed before writing had gathered must
+    // not be written by the next call, into another chat.
+    let server = RedisServer::start();
+    let mut r = One::new(&server);
+    let mut con = server.connection();
+    // A chat held by another replica with tickets counted in its list, whose list key
+    // is damaged: an enqueue gathers its claim's write, then its RPUSH fails.
+    let _: () = redis::cmd("HSET")
+        .arg("botmesh:{bad}:s")
+        .arg("h")
+        .arg("1,99999999999999999,3,0,1:other")
+        .arg("e")
+        .arg("99999999999999999")
+        .query(&mut con)
+        .expect("HSET");
+    let _: () = redis::cmd("SET")
+        .arg("botmesh:{bad}:q")
+        .arg("not a list")
+        .query(&mut con)
+        .expect("SET");
+    let t = r.ticket();
+    let failed = r.c.enqueue(&EnqueueRequest {
+        chat: "bad",
+        ticket: &t,
+        message_id: Some("m-bad"),
+        wait: WAIT,
+    });
+    assert!(failed.is_err(), "{failed:?}");
+    // The next calls, on other chats, write only their own fields.
+    assert!(r.handle("good", "m-good"));
+    let (_, queued) = r.enqueue("good", "m-next");
+    assert!(matches!(queued, Enqueued::Granted(_)), "{queued:?}");
+    let good: Vec<String> = redis::cmd("HKEYS")
+        .arg("botmesh:{good}:s")
+        .query(&mut con)
+        .expect("HKEYS");
+    assert!(
+        !good.iter().any(|f| f == "mm-bad" || f.starts_with("a")),
+        "fields of the failed call leaked: {good:?}"
+    );
+    assert!(good.iter().any(|f| f == "mm-good"), "{good:?}");
+}

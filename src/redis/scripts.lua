@@ -55,12 +55,14 @@ local function numeric(id)
 end
 -- The call's view of the chat: the holder record parsed (C.t, C.k strings, '' when
 -- none; C.u, C.n, C.c numbers), C.v the other fields read (false when absent, nil when
--- not read) and written since, C.w the writes not sent yet as HSET arguments (a field
--- written twice is sent twice, the later value winning), C.hd whether the holder record
--- changed, C.keep the call's keep ms (set before `load`: a function's arguments are
--- its own locals, which the prelude cannot see). Tables are made once per call and filled in place: every table and
--- iteration is garbage and time in a call of a few microseconds.
-local C = {}
+-- not read) and written since, C.w[1..C.wn] the writes not sent yet as HSET arguments
+-- (a field written twice is sent twice, the later value winning), C.hd whether the
+-- holder record changed, C.keep the call's keep ms (set before `load`: a function's
+-- arguments are its own locals, which the prelude cannot see).
+-- C.v and C.w live as long as the library and are emptied in place by each call:
+-- a new table per call was grown slot by slot (a rehash per doubling, about 7 per
+-- call), and was garbage the collector then swept.
+local C = {v = {}, w = {}, wn = 0}
 -- Reads the holder record and the fields a..d (up to four; the expiry mark `e` among
 -- them, unless the caller knows the hash exists: every hash that has `h` has `e`).
 local function load(s, q, a, b, c, d, timeless)
@@ -68,7 +70,9 @@ local function load(s, q, a, b, c, d, timeless)
   -- `timeless`: the caller asks for the time itself if it turns out to need it (a
   -- release of a chat nobody waits for needs none: TIME is one command of its three).
   if timeless then C.now = nil else C.now = now_us() end
-  C.w = {}
+  C.wn = 0
+  local v = C.v
+  for f in pairs(v) do v[f] = nil end
   local vals
   if d then
     vals = redis.call('HMGET', s, 'h', a, b, c, d)
@@ -79,12 +83,10 @@ local function load(s, q, a, b, c, d, timeless)
   else
     vals = redis.call('HMGET', s, 'h', a)
   end
-  local v = {}
   v[a] = vals[2]
   if b then v[b] = vals[3] end
   if c then v[c] = vals[4] end
   if d then v[d] = vals[5] end
-  C.v = v
   C.t, C.k, C.u, C.n, C.c = '', '', 0, 0, 0
   C.n0, C.ns, C.c0, C.cs = 0, '0', 0, '0'
   local h = vals[1]
@@ -105,9 +107,10 @@ local function load(s, q, a, b, c, d, timeless)
 end
 local function put(f, x)
   if C.v[f] ~= x then
-    local w = C.w
-    w[#w + 1] = f
-    w[#w + 1] = x
+    local w, n = C.w, C.wn
+    w[n + 1] = f
+    w[n + 2] = x
+    C.wn = n + 2
     C.v[f] = x
   end
 end
@@ -116,32 +119,34 @@ local function set_n(n)
   if n ~= C.n then C.n, C.hd = n, true end
 end
 local function flush()
-  local args = C.w
+  local args, n = C.w, C.wn
   if C.hd then
-    args[#args + 1] = 'h'
+    n = n + 1
+    args[n] = 'h'
     -- A released lease's end is 0: no format call for it. The counts n and c are
     -- small, so Lua's own number-to-string of `..` is exact for them.
     local u = C.u == 0 and '0' or num(C.u)
-    local n = C.n == C.n0 and C.ns or C.n
+    local qn = C.n == C.n0 and C.ns or C.n
     local c = C.c == C.c0 and C.cs or C.c
-    args[#args + 1] = C.k .. ',' .. u .. ',' .. n .. ',' .. c .. ',' .. C.t
+    n = n + 1
+    args[n] = C.k .. ',' .. u .. ',' .. qn .. ',' .. c .. ',' .. C.t
     C.hd = false
   end
-  if #args == 0 then return end
-  C.w = {}
+  if n == 0 then return end
+  C.wn = 0
   if C.v.e == false then
     if not C.now then C.now = now_us() end
     -- A hash this call did not find (or found without an expiry mark) gets one, so
     -- no path leaves state behind for good.
     local ms = math.floor(C.keep * 3 / 2)
     C.v.e = num(C.now + ms * 1000)
-    args[#args + 1] = 'e'
-    args[#args + 1] = C.v.e
-    redis.call('HSET', C.s, unpack(args))
+    args[n + 1] = 'e'
+    args[n + 2] = C.v.e
+    redis.call('HSET', C.s, unpack(args, 1, n + 2))
     redis.call('PEXPIRE', C.s, num(ms))
     return
   end
-  redis.call('HSET', C.s, unpack(args))
+  redis.call('HSET', C.s, unpack(args, 1, n))
 end
 -- Whether a live lease holds the chat.
 local function held() return C.t ~= '' and C.u >= C.now end
