@@ -89,6 +89,9 @@ pub struct RedisCoordinator {
     target: Arc<Target>,
     options: RedisOptions,
     ttl_ms: u64,
+    /// The per-chat functions' settings argument (see [`Scripts`]'s `settings`),
+    /// the same in every call of this coordinator: made once.
+    settings: String,
     scripts: Arc<Scripts>,
     subscribers: Mutex<HashMap<ReplicaId, Subscriber>>,
 }
@@ -163,10 +166,18 @@ impl RedisCoordinator {
         }
         target.started();
         let ttl_ms = u64::try_from(options.lease_ttl.as_millis()).unwrap_or(u64::MAX);
+        let settings = scripts::settings(
+            ttl_ms,
+            HISTORY.as_millis() as u64,
+            keep_ms(&options),
+            options.dedup_ids,
+            &wake_prefix(&options),
+        );
         Ok(RedisCoordinator {
             target: Arc::new(target),
             options,
             ttl_ms,
+            settings,
             scripts,
             subscribers: Mutex::new(HashMap::new()),
         })
@@ -221,10 +232,7 @@ impl RedisCoordinator {
             .arg(keys.key("q"))
             .arg(chat)
             .arg(ticket)
-            .arg(self.ttl_ms)
-            .arg(HISTORY.as_millis() as u64)
-            .arg(self.wake_prefix())
-            .arg(self.keep_ms())
+            .arg(&self.settings)
             .arg(message_id.filter(|_| self.dedup_on()).unwrap_or(""));
         (keys.slot(), cmd)
     }
@@ -232,14 +240,11 @@ impl RedisCoordinator {
     /// How long a chat's state outlives its last grant, ms: the history and the dedup
     /// window both fit.
     fn keep_ms(&self) -> u64 {
-        let keep = HISTORY.max(self.options.dedup_window);
-        u64::try_from(keep.as_millis()).unwrap_or(u64::MAX)
+        keep_ms(&self.options)
     }
 
     fn wake_prefix(&self) -> String {
-        // The prefix holds no braces, so the first `{` ends it: channels of different
-        // prefixes and replica ids never coincide.
-        format!("{}:{{wake}}:", self.options.key_prefix)
+        wake_prefix(&self.options)
     }
 
     /// `WAIT` after each turn call's pipeline, when `wait_replicas` asks for it: how
@@ -313,6 +318,20 @@ impl Drop for RedisCoordinator {
 
 /// Refuses `wait_replicas` above the replicas a primary has connected now: every write
 /// would wait its `WAIT` out and fail, and the bot would crawl instead of working.
+/// How long a chat's state outlives its last grant, ms: the history and the dedup
+/// window both fit.
+fn keep_ms(options: &RedisOptions) -> u64 {
+    let keep = HISTORY.max(options.dedup_window);
+    u64::try_from(keep.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The prefix of the replicas' wake-up channels.
+fn wake_prefix(options: &RedisOptions) -> String {
+    // The prefix holds no braces, so the first `{` ends it: channels of different
+    // prefixes and replica ids never coincide.
+    format!("{}:{{wake}}:", options.key_prefix)
+}
+
 fn check_replicas(target: &Target, wanted: usize) -> Result<(), BackendError> {
     for node in target.primaries() {
         let info: String = typed(target.on_node(&node, &mut |con| {
@@ -339,8 +358,15 @@ fn typed<T: redis::FromRedisValue>(v: Value) -> Result<T, BackendError> {
     redis::from_redis_value(v).map_err(|e| BackendError::new(format!("unexpected reply: {e}")))
 }
 
+/// A per-chat function's reply: its tag and fields, sent as one string separated by
+/// NULs (no ticket, token or replica id holds a NUL).
 fn strings(v: Value) -> Result<Vec<String>, BackendError> {
-    typed(v)
+    match v {
+        Value::BulkString(b) => String::from_utf8(b)
+            .map(|s| s.split('\0').map(str::to_owned).collect())
+            .map_err(|_| BackendError::new("a reply from Redis that is not UTF-8")),
+        other => typed(other),
+    }
 }
 
 impl Coordinator for RedisCoordinator {
@@ -523,8 +549,7 @@ impl Coordinator for RedisCoordinator {
         let (slot, mut cmd) =
             self.chat_cmd(&self.scripts.release, &keys, handled, lease.chat, &ticket);
         cmd.arg(lease.token.to_string())
-            .arg(lease.ticket.replica.as_ref())
-            .arg(self.options.dedup_ids);
+            .arg(lease.ticket.replica.as_ref());
         let (reply, replicated) = self.call_replicated(slot, &cmd)?;
         let reply = strings(reply)?;
         match reply.first().map(String::as_str) {

@@ -53,6 +53,23 @@ local function numeric(id)
   if #id <= 15 and string.find(id, '^[1-9]%d*$') then return tonumber(id) end
   return nil
 end
+-- The callers' settings (see `settings` in scripts.rs), parsed once per text: every
+-- call of a coordinator sends the same one, and a number parsed from a string is a
+-- strtod, about a tenth of a microsecond each. Emptied when it holds 64 (replicas
+-- with many different settings only parse more often).
+local SETTINGS, SETTINGS_N = {}, 0
+local function settings(x)
+  local cf = SETTINGS[x]
+  if cf then return cf end
+  local ttl, hist, keep, low, wake = string.match(x, '^(%d+),(%d+),(%d+),(%d+),(.*)$')
+  if not wake then return error('ERR botmesh: bad settings argument ' .. x) end
+  if SETTINGS_N >= 64 then SETTINGS, SETTINGS_N = {}, 0 end
+  low = low + 0
+  cf = {ttl = ttl + 0, hist = hist + 0, keep = keep + 0, wake = wake, low = low,
+    high = low + math.max(1, math.floor(low / 2))}
+  SETTINGS[x], SETTINGS_N = cf, SETTINGS_N + 1
+  return cf
+end
 -- The call's view of the chat: the holder record parsed (C.t, C.k strings, '' when
 -- none; C.u, C.n, C.c numbers), C.v the other fields read (false when absent, nil when
 -- not read) and written since, C.w[1..C.wn] the writes not sent yet as HSET arguments
@@ -150,12 +167,13 @@ local function flush()
 end
 -- Whether a live lease holds the chat.
 local function held() return C.t ~= '' and C.u >= C.now end
--- The current holder as a reply {tag, t, k, pr, pk} (its previous holder read now if
--- this call has not read or written it).
+-- The current holder as a reply "tag NUL t NUL k NUL pr NUL pk" (its previous holder
+-- read now if this call has not read or written it). Replies are one string: Redis
+-- converts a table's every element, and the table and its strings are garbage.
 local function holder_reply(tag)
   if C.v.p == nil then C.v.p = redis.call('HGET', C.s, 'p') end
   local pk, pr = string.match(C.v.p or ',', '^([^,]*),(.*)$')
-  return {tag, C.t, C.k, pr or '', pk or ''}
+  return tag .. '\0' .. C.t .. '\0' .. C.k .. '\0' .. (pr or '') .. '\0' .. (pk or '')
 end
 -- Keeps list q at least 3 x ttl ms from now, never shortening it: a replica with a
 -- short TTL must not cut the queue of a waiter with a long one. `qe` remembers until
@@ -275,7 +293,7 @@ local function keep_tickets(ttl)
 end
 -- Records a grant of the chat to ticket t (of replica r) with a lease of `lease` ms;
 -- publishes it to r unless `kept` (the caller answers with it).
--- Returns {t, k, pr, pk, r}.
+-- Returns t, k, pr, pk, r (values, not a table: no garbage).
 -- The token is max(last + 1, server time in us). Tokens never run ahead of the clock
 -- (a grant takes far more than a microsecond), so the time alone exceeds every earlier
 -- token when the chat's state expired, was lost in a restart, or is stale because
@@ -301,7 +319,7 @@ local function grant(chat, t, r, lease, hist, keep_ms, wake, kept)
     -- times cheaper than cjson.encode of a table (subscriber.rs parses both forms).
     redis.call('PUBLISH', wake .. r, t .. '\0' .. k .. '\0' .. pr .. '\0' .. pk .. '\0' .. chat)
   end
-  return {t, k, pr, pk, r}
+  return t, k, pr, pk, r
 end
 -- Hands a free chat (the caller checked that no live lease holds it) to the first live
 -- ticket in the queue, skipping lapsed ones. Returns the grant or nil. The caller

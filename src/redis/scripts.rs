@@ -5,21 +5,30 @@ use redis::{Connection, ErrorKind, RedisError, RedisResult, Script, ServerErrorK
 pub(super) const PRELUDE: &str = include_str!("scripts.lua");
 
 /// The arguments every per-chat script takes: KEYS s (state), q (the queue's tail); ARGV chat,
-/// ticket, TTL ms, history ms, wake channel prefix, keep ms (how long the state outlives
-/// the chat's last grant: the larger of the history and the dedup window), message id
-/// (`""`: none, or dedup off), then the script's own: `enqueue` the claim's lifetime
-/// (ms), `release` the token, the caller's replica and `dedup_ids`.
+/// ticket, the caller's settings ([`settings`]), message id (`""`: none, or dedup
+/// off), then the script's own: `enqueue` the claim's lifetime (ms), `release` the
+/// token and the caller's replica.
 pub(super) const CHAT_ARGS: &str = r#"
 local s, q = KEYS[1], KEYS[2]
 local chat, t = ARGV[1], ARGV[2]
--- Our client sends these as digits: `+ 0` parses once, tonumber() twice.
-local ttl, hist, wake = ARGV[3] + 0, ARGV[4] + 0, ARGV[5]
-local keep_ms = ARGV[6] + 0
+local cf = settings(ARGV[3])
+local ttl, hist, wake, keep_ms = cf.ttl, cf.hist, cf.wake, cf.keep
 C.keep = keep_ms
-local id = ARGV[7]
+local id = ARGV[4]
 if id == '' then id = nil end
 local mf = id and ('m' .. id)
 "#;
+
+/// The settings argument of the per-chat functions: `"ttl,hist,keep,ids,wake"`, the
+/// lease TTL, the history and the keep time (how long the state outlives the chat's
+/// last grant: the larger of the history and the dedup window), all in ms, the
+/// handled ids a chat keeps at least (`dedup_ids`), and the wake channel prefix
+/// (last: it may hold commas). The same in every call of a coordinator, so the
+/// library parses each text it meets once and keeps the numbers (see `settings` in
+/// the prelude): one argument instead of five, and no number parsed per call.
+pub(super) fn settings(ttl_ms: u64, hist_ms: u64, keep_ms: u64, ids: usize, wake: &str) -> String {
+    format!("{ttl_ms},{hist_ms},{keep_ms},{ids},{wake}")
+}
 
 pub(super) const ENQUEUE: &str = r#"
 local me = replica_of(t)
@@ -29,24 +38,24 @@ if live and C.t == t then return holder_reply('granted') end
 -- A retry of this very enqueue is already queued. With a message id, only a ticket
 -- that holds the id's claim can be (every enqueue that queues claims it).
 if C.n > 0 and (not id or C.v[mf] == t) and q_has(t) then
-  return {'queued'}
+  return 'queued'
 end
 if id then
   local c = C.v[mf]
   if c and string.byte(c, 1) == 33 then
     -- Handled by this very ticket: a retry of this enqueue whose first reply was lost.
     -- The grant's own end reports the message; it was not a duplicate.
-    if string.match(c, '^![^,]*,(.*)$') == t then return {'queued'} end
-    return {'duplicate'}
+    if string.match(c, '^![^,]*,(.*)$') == t then return 'queued' end
+    return 'duplicate'
   end
   local fresh = not c
   if c == '-' then c = nil end
   if c and c ~= t then
     -- Claimed by a live delivery not handled yet: ask again later (it may die).
-    if live and C.t == c then return {'inflight'} end
+    if live and C.t == c then return 'inflight' end
     if C.n > 0 and q_has(c) then
       local wc = tonumber(redis.call('HGET', s, 'a' .. replica_of(c)))
-      if wc and wc > C.now then return {'inflight'} end
+      if wc and wc > C.now then return 'inflight' end
     end
   end
   local x = numeric(id)
@@ -57,7 +66,7 @@ if id then
       local a, b = string.match(fv, '^([^,]*),(.*)$')
       fl, hi = tonumber(a), tonumber(b)
     end
-    if fl and x <= fl then return {'duplicate'} end
+    if fl and x <= fl then return 'duplicate' end
     if hi and x < hi then
       put('f', 'x')
     else
@@ -67,9 +76,9 @@ if id then
   put(mf, t)
 end
 if not live and C.n == 0 then
-  local g = grant(chat, t, me, ttl, hist, keep_ms, wake, true)
+  local _, k, pr, pk = grant(chat, t, me, ttl, hist, keep_ms, wake, true)
   flush()
-  return {'granted', t, g[2], g[3], g[4]}
+  return 'granted\0' .. t .. '\0' .. k .. '\0' .. pr .. '\0' .. pk
 end
 q_push(t, ttl)
 set_n(C.n + 1)
@@ -77,23 +86,24 @@ put('a' .. me, num(C.now + ttl * 1000))
 -- The queue's head lives in the state: the key outlives the ticket's liveness (3 x
 -- TTL, as alive-until is refreshed every TTL / 3 at most), whatever its last grant was.
 keep_until(C.now + 3 * ttl * 1000, 0)
--- The claim outlives the message's wait and one lease more (ARGV[8], ms): the state,
+-- The claim outlives the message's wait and one lease more (ARGV[5], ms): the state,
 -- which holds it, already outlives any live lease by keep_ms, so only a longer claim
 -- needs the key's expiry moved.
-local claim_ms = tonumber(ARGV[8]) or 0
-if id and claim_ms > keep_ms then keep_until(C.now, claim_ms) end
-local g = nil
-if not live then g = settle(chat, ttl, hist, keep_ms, wake, t, nil) end
+if id then
+  local claim_ms = tonumber(ARGV[5]) or 0
+  if claim_ms > keep_ms then keep_until(C.now, claim_ms) end
+end
+local gt, gk, gpr, gpk = nil, nil, nil, nil
+if not live then gt, gk, gpr, gpk = settle(chat, ttl, hist, keep_ms, wake, t, nil) end
 flush()
-if g and g[1] == t then return {'granted', t, g[2], g[3], g[4]} end
-return {'queued'}
+if gt == t then return 'granted\0' .. t .. '\0' .. gk .. '\0' .. gpr .. '\0' .. gpk end
+return 'queued'
 "#;
 
 pub(super) const RELEASE: &str = r#"
-local token, me = ARGV[8], ARGV[9]
+local token, me = ARGV[5], ARGV[6]
 -- Handled ids a chat keeps at least (the dedup_ids option); evicted in batches.
-local low = tonumber(ARGV[10]) or 64
-local high = low + math.max(1, math.floor(low / 2))
+local low, high = cf.low, cf.high
 local handled_mark = '!' .. token .. ',' .. t
 -- `e` for the grant a hand-over makes (one field read is cheaper than a call).
 if id then load(s, q, 'e', 'q', mf, nil, true) else load(s, q, 'e', 'q', nil, nil, true) end
@@ -107,8 +117,8 @@ if not (C.t == t and C.k == token and C.u ~= 0) then
   if not held() and C.n > 0 then settle(chat, ttl, hist, keep_ms, wake, nil, nil) end
   flush()
   -- A retry of this very release whose reply was lost: the mark says so.
-  if id and C.v[mf] == handled_mark then return {'released'} end
-  return {'lost'}
+  if id and C.v[mf] == handled_mark then return 'released' end
+  return 'lost'
 end
 C.u, C.hd = 0, true
 local marked = false
@@ -117,15 +127,15 @@ if id and C.v[mf] == t then
   C.c = C.c + 1
   marked = true
 end
-local g = nil
+local gt, gk, gpr, gpk, gr = nil, nil, nil, nil, nil
 if C.n > 0 then
   C.now = now_us()
-  g = settle(chat, ttl, hist, keep_ms, wake, nil, me)
+  gt, gk, gpr, gpk, gr = settle(chat, ttl, hist, keep_ms, wake, nil, me)
 end
 flush()
 if marked and C.c >= high then evict(low, high) end
-if g and g[5] == me then return {'released', g[1], g[2], g[3], g[4]} end
-return {'released'}
+if gt and gr == me then return 'released\0' .. gt .. '\0' .. gk .. '\0' .. gpr .. '\0' .. gpk end
+return 'released'
 "#;
 
 /// Extends a held lease (KEYS s; ARGV ticket, token, TTL ms, keep ms): 1 when it was
@@ -183,13 +193,13 @@ if q_has(t) then
   if C.n == 0 then set_n(q_len()) end
   keep_tickets(ttl)
   flush()
-  return {'waiting'}
+  return 'waiting'
 end
 flush()
 -- Skipped after its replica's liveness lapsed (its field is still here), or lost with
 -- the data (no trace of the replica in this chat).
-if seen then return {'lapsed'} end
-return {'gone'}
+if seen then return 'lapsed' end
+return 'gone'
 "#;
 
 pub(super) const CANCEL: &str = r#"
@@ -204,7 +214,7 @@ if removed > 0 then set_n(C.n - removed) end
 -- Given up: a redelivery of the message may run (and no floor ever covers it).
 if id and C.v[mf] == t then put(mf, '-') end
 flush()
-return {'cancelled'}
+return 'cancelled'
 "#;
 
 /// Writes or deletes a chat's checkpoint (KEYS s, c; ARGV token, ttl ms, data):
