@@ -61,16 +61,18 @@ if id then
   local x = numeric(id)
   local fv = C.v.f
   if fresh and x and fv ~= 'x' then
-    local fl, hi = nil, nil
+    local fl, hi, a = nil, nil, nil
     if fv then
-      local a, b = string.match(fv, '^([^,]*),(.*)$')
+      local b
+      a, b = string.match(fv, '^([^,]*),(.*)$')
       fl, hi = tonumber(a), tonumber(b)
     end
     if fl and x <= fl then return 'duplicate' end
     if hi and x < hi then
       put('f', 'x')
     else
-      put('f', (fl and num(fl) or '') .. ',' .. id)
+      -- The floor as read (evict wrote it as digits): no number formatted again.
+      put('f', (fl and a or '') .. ',' .. id)
     end
   end
   put(mf, t)
