@@ -8,7 +8,10 @@ use std::time::Duration;
 /// periods.
 pub type Token = u64;
 
-/// The name of one replica, unique among the replicas sharing a coordinator.
+/// The name of one replica, unique among the replicas sharing a coordinator:
+/// non-empty and free of NUL characters (`Replica::start` refuses other ids, and
+/// `RedisCoordinator` refuses calls for them, since its records use NUL as a
+/// separator).
 pub type ReplicaId = Arc<str>;
 
 /// One place in a chat's queue: the replica that asked and a sequence number unique

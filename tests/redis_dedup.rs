@@ -350,3 +350,35 @@ fn a_call_that_fails_midway_leaves_nothing_for_the_next_call() {
     );
     assert!(good.iter().any(|f| f == "mm-good"), "{good:?}");
 }
+
+#[test]
+fn a_replica_id_with_a_nul_is_refused_before_anything_is_written() {
+    // The records, wake-ups and replies separate their fields with NULs: a ticket of
+    // such a replica would be granted and its reply misread, the chat then held by
+    // nobody until the lease ran out.
+    let server = RedisServer::start();
+    let c = RedisCoordinator::connect(RedisOptions::new(server.url())).expect("connect");
+    let odd: ReplicaId = Arc::from("a\0b");
+    let e = c
+        .attach(&odd, Arc::new(|_: &str, _| {}))
+        .expect_err("attach refuses it");
+    assert!(e.to_string().contains("NUL"), "{e}");
+    let t = Ticket {
+        replica: odd,
+        seq: 1,
+    };
+    let e = c
+        .enqueue(&EnqueueRequest {
+            chat: "c",
+            ticket: &t,
+            message_id: None,
+            wait: WAIT,
+        })
+        .expect_err("enqueue refuses it");
+    assert!(e.to_string().contains(r#""a\0b""#), "{e}");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query(&mut server.connection())
+        .expect("KEYS");
+    assert!(keys.is_empty(), "written: {keys:?}");
+}

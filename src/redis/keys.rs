@@ -37,8 +37,21 @@ impl ChatKeys {
     }
 }
 
-pub(super) fn ticket_str(t: &Ticket) -> String {
-    format!("{}:{}", t.seq, t.replica)
+/// A ticket as the functions take it, `<seq>:<replica>`.
+///
+/// # Errors
+/// When the replica id holds a NUL: the holder record, the wake-ups and the replies
+/// use NUL as their separator, so such a ticket would be granted and its reply
+/// misread. Refused before anything is written (`Replica::start` refuses such ids
+/// too; this guards a direct user of the [`Coordinator`](crate::Coordinator) calls).
+pub(super) fn ticket_str(t: &Ticket) -> Result<String, BackendError> {
+    if t.replica.contains('\0') {
+        return Err(BackendError::new(format!(
+            "replica id {:?} holds a NUL character, which the Redis backend uses as a separator",
+            t.replica
+        )));
+    }
+    Ok(format!("{}:{}", t.seq, t.replica))
 }
 
 pub(super) fn parse_ticket(s: &str) -> Option<Ticket> {
@@ -97,6 +110,12 @@ mod tests {
             replica: Arc::from("pod:7"),
             seq: 42,
         };
-        assert_eq!(parse_ticket(&ticket_str(&t)), Some(t));
+        assert_eq!(parse_ticket(&ticket_str(&t).expect("no NUL")), Some(t));
+        let nul = Ticket {
+            replica: Arc::from("a\0b"),
+            seq: 1,
+        };
+        let e = ticket_str(&nul).expect_err("a NUL is refused");
+        assert!(e.to_string().contains("\"a\\0b\""), "{e}");
     }
 }

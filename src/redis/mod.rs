@@ -39,8 +39,8 @@ use redis::{Cmd, Value};
 
 use crate::coordinator::{
     BackendError, CHECKPOINT_TTL, ChatView, Coordinator, EnqueueRequest, Enqueued, Grant,
-    GrantSink, HISTORY, HeldLease, MeshView, Released, Renewal, ReplicaId, TicketState, Token,
-    Waiting,
+    GrantSink, HISTORY, HeldLease, MeshView, Released, Renewal, ReplicaId, Ticket, TicketState,
+    Token, Waiting,
 };
 
 mod connect;
@@ -383,6 +383,11 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn attach(&self, replica: &ReplicaId, sink: GrantSink) -> Result<(), BackendError> {
+        // The same check as every call's: the wake-ups name the replica too.
+        ticket_str(&Ticket {
+            replica: replica.clone(),
+            seq: 0,
+        })?;
         self.stop_subscriber(replica);
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
@@ -447,7 +452,7 @@ impl Coordinator for RedisCoordinator {
 
     fn enqueue(&self, req: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError> {
         let keys = ChatKeys::new(&self.options.key_prefix, req.chat);
-        let ticket = ticket_str(req.ticket);
+        let ticket = ticket_str(req.ticket)?;
         let (slot, mut cmd) = self.chat_cmd(
             &self.scripts.enqueue,
             &keys,
@@ -526,7 +531,7 @@ impl Coordinator for RedisCoordinator {
 
     fn cancel(&self, w: &Waiting<'_>) -> Result<Option<Grant>, BackendError> {
         let keys = ChatKeys::new(&self.options.key_prefix, w.chat);
-        let ticket = ticket_str(w.ticket);
+        let ticket = ticket_str(w.ticket)?;
         let (slot, cmd) = self.chat_cmd(&self.scripts.cancel, &keys, w.message_id, w.chat, &ticket);
         let (reply, replicated) = self.call_replicated(slot, &cmd)?;
         let reply = strings(reply)?;
@@ -545,7 +550,7 @@ impl Coordinator for RedisCoordinator {
         handled: Option<&str>,
     ) -> Result<Released, BackendError> {
         let keys = ChatKeys::new(&self.options.key_prefix, lease.chat);
-        let ticket = ticket_str(lease.ticket);
+        let ticket = ticket_str(lease.ticket)?;
         let (slot, mut cmd) =
             self.chat_cmd(&self.scripts.release, &keys, handled, lease.chat, &ticket);
         cmd.arg(lease.token.to_string())
@@ -593,7 +598,7 @@ impl Coordinator for RedisCoordinator {
             cmd.arg(&self.scripts.renew)
                 .arg(1)
                 .arg(keys.key("s"))
-                .arg(ticket_str(lease.ticket))
+                .arg(ticket_str(lease.ticket)?)
                 .arg(lease.token.to_string())
                 .arg(self.ttl_ms)
                 .arg(self.keep_ms());
@@ -606,7 +611,7 @@ impl Coordinator for RedisCoordinator {
                 &keys,
                 None,
                 w.chat,
-                &ticket_str(w.ticket),
+                &ticket_str(w.ticket)?,
             ));
         }
         let refs: Vec<(u16, &Cmd)> = cmds.iter().map(|(s, c)| (*s, c)).collect();
