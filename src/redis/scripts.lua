@@ -36,21 +36,32 @@
 -- ids rise per chat on Telegram. "hi" is the highest
 -- numeric id claimed; an unknown id under it shows the chat's ids do not rise, and turns
 -- the floor off for good (f = "x"), after which older ids are simply forgotten.
+-- The library's globals and the functions it calls most, as its own locals: a global
+-- is a look-up in the globals table on every use (and `string.find` a second one in
+-- `string`), a local of the library an upvalue read, several times cheaper; a call
+-- uses them dozens of times. While the library loads only the registration API
+-- exists, so the first call binds them (`bind`, called by every function first).
+local rcall, sfind, ssub, smatch, sformat, sbyte, floor, mmax, tonum, unpk
+local function bind()
+  rcall = redis.call
+  sfind, ssub, smatch, sformat, sbyte = string.find, string.sub, string.match, string.format, string.byte
+  floor, mmax, tonum, unpk = math.floor, math.max, tonumber, unpack
+end
 local function now_us()
-  local t = redis.call('TIME')
+  local t = rcall('TIME')
   -- Arithmetic on the reply's digit strings converts each once; tonumber() parses
   -- twice (lua_isnumber, then lua_tonumber), and strtod is a tenth of a call's time.
   return t[1] * 1000000 + t[2]
 end
 -- Integers as decimal strings; '%d' is exact up to 2^63 and several times cheaper than
 -- '%.0f' (about 1 us per call here) or tostring (which rounds past 14 digits).
-local function num(x) return string.format('%d', x) end
+local function num(x) return sformat('%d', x) end
 local function replica_of(t)
-  local i = string.find(t, ':', 1, true)
-  return string.sub(t, i + 1)
+  local i = sfind(t, ':', 1, true)
+  return ssub(t, i + 1)
 end
 local function numeric(id)
-  if #id <= 15 and string.find(id, '^[1-9]%d*$') then return tonumber(id) end
+  if #id <= 15 and sfind(id, '^[1-9]%d*$') then return tonum(id) end
   return nil
 end
 -- The callers' settings (see `settings` in scripts.rs), parsed once per text: every
@@ -61,12 +72,12 @@ local SETTINGS, SETTINGS_N = {}, 0
 local function settings(x)
   local cf = SETTINGS[x]
   if cf then return cf end
-  local ttl, hist, keep, low, wake = string.match(x, '^(%d+),(%d+),(%d+),(%d+),(.*)$')
+  local ttl, hist, keep, low, wake = smatch(x, '^(%d+),(%d+),(%d+),(%d+),(.*)$')
   if not wake then return error('ERR botmesh: bad settings argument ' .. x) end
   if SETTINGS_N >= 64 then SETTINGS, SETTINGS_N = {}, 0 end
   low = low + 0
   cf = {ttl = ttl + 0, hist = hist + 0, keep = keep + 0, wake = wake, low = low,
-    high = low + math.max(1, math.floor(low / 2))}
+    high = low + mmax(1, floor(low / 2))}
   SETTINGS[x], SETTINGS_N = cf, SETTINGS_N + 1
   return cf
 end
@@ -92,13 +103,13 @@ local function load(s, q, a, b, c, d, timeless)
   for f in pairs(v) do v[f] = nil end
   local vals
   if d then
-    vals = redis.call('HMGET', s, 'h', a, b, c, d)
+    vals = rcall('HMGET', s, 'h', a, b, c, d)
   elseif c then
-    vals = redis.call('HMGET', s, 'h', a, b, c)
+    vals = rcall('HMGET', s, 'h', a, b, c)
   elseif b then
-    vals = redis.call('HMGET', s, 'h', a, b)
+    vals = rcall('HMGET', s, 'h', a, b)
   else
-    vals = redis.call('HMGET', s, 'h', a)
+    vals = rcall('HMGET', s, 'h', a)
   end
   v[a] = vals[2]
   if b then v[b] = vals[3] end
@@ -108,9 +119,9 @@ local function load(s, q, a, b, c, d, timeless)
   C.n0, C.ns, C.c0, C.cs = 0, '0', 0, '0'
   local h = vals[1]
   if h then
-    local k, u, n, c, t = string.match(h, '^([^,]*),([^,]*),([^,]*),([^,]*),(.*)$')
+    local k, u, n, c, t = smatch(h, '^([^,]*),([^,]*),([^,]*),([^,]*),(.*)$')
     if t then
-      C.t, C.k, C.u, C.n, C.c = t, k, tonumber(u) or 0, tonumber(n) or 0, tonumber(c) or 0
+      C.t, C.k, C.u, C.n, C.c = t, k, tonum(u) or 0, tonum(n) or 0, tonum(c) or 0
       -- The counts as read, so an unchanged count is written back as its own text
       -- (a number's `..` is a sprintf of %.14g, the costliest step of a flush).
       -- (Only a count that parsed: a damaged one is written afresh.)
@@ -155,15 +166,15 @@ local function flush()
     if not C.now then C.now = now_us() end
     -- A hash this call did not find (or found without an expiry mark) gets one, so
     -- no path leaves state behind for good.
-    local ms = math.floor(C.keep * 3 / 2)
+    local ms = floor(C.keep * 3 / 2)
     C.v.e = num(C.now + ms * 1000)
     args[n + 1] = 'e'
     args[n + 2] = C.v.e
-    redis.call('HSET', C.s, unpack(args, 1, n + 2))
-    redis.call('PEXPIRE', C.s, num(ms))
+    rcall('HSET', C.s, unpk(args, 1, n + 2))
+    rcall('PEXPIRE', C.s, num(ms))
     return
   end
-  redis.call('HSET', C.s, unpack(args, 1, n))
+  rcall('HSET', C.s, unpk(args, 1, n))
 end
 -- Whether a live lease holds the chat.
 local function held() return C.t ~= '' and C.u >= C.now end
@@ -171,8 +182,8 @@ local function held() return C.t ~= '' and C.u >= C.now end
 -- read now if this call has not read or written it). Replies are one string: Redis
 -- converts a table's every element, and the table and its strings are garbage.
 local function holder_reply(tag)
-  if C.v.p == nil then C.v.p = redis.call('HGET', C.s, 'p') end
-  local pk, pr = string.match(C.v.p or ',', '^([^,]*),(.*)$')
+  if C.v.p == nil then C.v.p = rcall('HGET', C.s, 'p') end
+  local pk, pr = smatch(C.v.p or ',', '^([^,]*),(.*)$')
   return tag .. '\0' .. C.t .. '\0' .. C.k .. '\0' .. (pr or '') .. '\0' .. (pk or '')
 end
 -- Keeps list q at least 3 x ttl ms from now, never shortening it: a replica with a
@@ -180,14 +191,14 @@ end
 -- when the list's expiry is known to run (us), so most calls need no PEXPIRE; `fresh`:
 -- the RPUSH just created the list (it has no expiry yet).
 local function keep_queue(ttl, fresh)
-  if C.v.qe == nil then C.v.qe = redis.call('HGET', C.s, 'qe') end
+  if C.v.qe == nil then C.v.qe = rcall('HGET', C.s, 'qe') end
   local need = C.now + 3 * ttl * 1000
-  local qe = tonumber(C.v.qe)
+  local qe = tonum(C.v.qe)
   if not fresh and qe and qe >= need - ttl * 1000 then return end
   if fresh then
-    redis.call('PEXPIRE', C.q, num(3 * ttl))
-  elseif redis.call('PEXPIRE', C.q, num(3 * ttl), 'GT') == 0 and redis.call('PTTL', C.q) == -1 then
-    redis.call('PEXPIRE', C.q, num(3 * ttl))
+    rcall('PEXPIRE', C.q, num(3 * ttl))
+  elseif rcall('PEXPIRE', C.q, num(3 * ttl), 'GT') == 0 and rcall('PTTL', C.q) == -1 then
+    rcall('PEXPIRE', C.q, num(3 * ttl))
   end
   if fresh or not qe or qe < need then put('qe', num(need)) end
 end
@@ -195,15 +206,15 @@ end
 -- window and any live lease all fit. Set to half as much again, so this is one PEXPIRE
 -- per chat and hour or so, not one per message.
 local function keep_until(upto, keep)
-  if C.v.e == nil then C.v.e = redis.call('HGET', C.s, 'e') end
-  local e = tonumber(C.v.e)
+  if C.v.e == nil then C.v.e = rcall('HGET', C.s, 'e') end
+  local e = tonum(C.v.e)
   if e and e >= upto + keep * 1000 then return end
-  local ms = math.floor((upto - C.now) / 1000) + math.floor(keep * 3 / 2)
+  local ms = floor((upto - C.now) / 1000) + floor(keep * 3 / 2)
   -- The key must exist for PEXPIRE to stick: a new chat's first writes go first.
   put('e', num(C.now + ms * 1000))
   flush()
   -- As text: Redis formats a number argument with %.17g.
-  redis.call('PEXPIRE', C.s, num(ms))
+  rcall('PEXPIRE', C.s, num(ms))
 end
 -- The queue: its head in field q, its tail in list q (see the top). Q_MAX is Redis'
 -- default hash-max-listpack-value: a longer field would turn the whole state hash
@@ -213,17 +224,17 @@ local Q_MAX = 64
 local function queue()
   local q = C.v.q
   if q == nil then
-    q = redis.call('HGET', C.s, 'q')
+    q = rcall('HGET', C.s, 'q')
     C.v.q = q
   end
   return q or ''
 end
 -- How many tickets field q holds.
 local function field_count(q)
-  local n, i = 0, string.find(q, '\0', 2, true)
+  local n, i = 0, sfind(q, '\0', 2, true)
   while i do
     n = n + 1
-    i = string.find(q, '\0', i + 1, true)
+    i = sfind(q, '\0', i + 1, true)
   end
   return n
 end
@@ -231,8 +242,8 @@ end
 local function spilled(q) return C.n > field_count(q) end
 local function q_has(t)
   local q = queue()
-  if string.find(q, '\0' .. t .. '\0', 1, true) then return true end
-  return spilled(q) and redis.call('LPOS', C.q, t) ~= false
+  if sfind(q, '\0' .. t .. '\0', 1, true) then return true end
+  return spilled(q) and rcall('LPOS', C.q, t) ~= false
 end
 -- Queues ticket t last; call before counting it in C.n.
 local function q_push(t, ttl)
@@ -245,7 +256,7 @@ local function q_push(t, ttl)
       return
     end
   end
-  local len = redis.call('RPUSH', C.q, t)
+  local len = rcall('RPUSH', C.q, t)
   keep_queue(ttl, len == 1)
 end
 -- The first ticket, taken out; nil when the queue is empty. The list is popped only
@@ -254,37 +265,37 @@ end
 -- with its earlier writes kept.
 local function q_pop()
   local q = queue()
-  local i = string.find(q, '\0', 2, true)
+  local i = sfind(q, '\0', 2, true)
   if i then
-    local t = string.sub(q, 2, i - 1)
-    if i == #q then put('q', '') else put('q', string.sub(q, i)) end
+    local t = ssub(q, 2, i - 1)
+    if i == #q then put('q', '') else put('q', ssub(q, i)) end
     return t
   end
   if q ~= '' then put('q', '') end
-  return redis.call('LPOP', C.q) or nil
+  return rcall('LPOP', C.q) or nil
 end
 -- Takes every copy of ticket t out; returns how many there were.
 local function q_remove(t)
   local q = queue()
   local list = spilled(q)
   local pat = '\0' .. t .. '\0'
-  local i = string.find(q, pat, 1, true)
+  local i = sfind(q, pat, 1, true)
   local n = 0
   while i do
-    q = string.sub(q, 1, i) .. string.sub(q, i + #pat)
+    q = ssub(q, 1, i) .. ssub(q, i + #pat)
     n = n + 1
-    i = string.find(q, pat, i, true)
+    i = sfind(q, pat, i, true)
   end
   if n > 0 then
     if q == '\0' then q = '' end
     put('q', q)
   end
-  if list then n = n + redis.call('LREM', C.q, 0, t) end
+  if list then n = n + rcall('LREM', C.q, 0, t) end
   return n
 end
 -- Both parts counted (only to repair a count lost with the state).
 local function q_len()
-  return field_count(queue()) + redis.call('LLEN', C.q)
+  return field_count(queue()) + rcall('LLEN', C.q)
 end
 -- Keeps the queue (both parts) at least 3 x TTL from now: waiters are alive.
 local function keep_tickets(ttl)
@@ -302,7 +313,7 @@ end
 -- at most `hist` ms old (a token is its grant's time, or just above).
 local function grant(chat, t, r, lease, hist, keep_ms, wake, kept)
   local token = C.now
-  local lk = tonumber(C.k)
+  local lk = tonum(C.k)
   if lk and lk + 1 > token then token = lk + 1 end
   local pr, pk = '', ''
   if C.t ~= '' and lk and C.now - lk <= hist * 1000 then
@@ -317,7 +328,7 @@ local function grant(chat, t, r, lease, hist, keep_ms, wake, kept)
     -- Ticket, token, previous replica and token, chat, NUL-separated: no replica id
     -- holds a NUL, tokens are digits and the chat, last, may hold anything. Several
     -- times cheaper than cjson.encode of a table (subscriber.rs parses both forms).
-    redis.call('PUBLISH', wake .. r, t .. '\0' .. k .. '\0' .. pr .. '\0' .. pk .. '\0' .. chat)
+    rcall('PUBLISH', wake .. r, t .. '\0' .. k .. '\0' .. pr .. '\0' .. pk .. '\0' .. chat)
   end
   return t, k, pr, pk, r
 end
@@ -343,7 +354,7 @@ local function settle(chat, ttl, hist, keep_ms, wake, own_t, own_r)
     local alive = nil
     if r ~= own_r then
       local af = 'a' .. r
-      alive = tonumber(C.v[af] or redis.call('HGET', C.s, af))
+      alive = tonum(C.v[af] or rcall('HGET', C.s, af))
     end
     if r == own_r or (alive and alive > C.now) then
       -- The grantee's own liveness bounds its lease, not the caller's TTL: replicas
@@ -353,7 +364,7 @@ local function settle(chat, ttl, hist, keep_ms, wake, own_t, own_r)
       -- caller answers with (kept) is the caller's own, and the caller is alive: it
       -- gets a full TTL from now, which the caller counts from its call's send time.
       local lease = ttl
-      if not kept then lease = math.floor((alive - C.now) / 1000) end
+      if not kept then lease = floor((alive - C.now) / 1000) end
       if lease < 1 then lease = 1 end
       return grant(chat, t, r, lease, hist, keep_ms, wake, kept)
     end
@@ -366,18 +377,18 @@ end
 -- ~100 marks with one was most of an eviction's time); tokens of one width sort as
 -- numbers, and tokens of mixed widths are left-padded first.
 local function evict(low, high)
-  local all = redis.call('HGETALL', C.s)
+  local all = rcall('HGETALL', C.s)
   local toks, fields, n, fv, width, mixed = {}, {}, 0, nil, nil, false
   for i = 1, #all, 2 do
     local f, x = all[i], all[i + 1]
     if f == 'f' then
       fv = x
-    elseif string.byte(f, 1) == 109 and string.byte(x, 1) == 33 then
-      local j = string.find(x, ',', 2, true) or (#x + 1)
+    elseif sbyte(f, 1) == 109 and sbyte(x, 1) == 33 then
+      local j = sfind(x, ',', 2, true) or (#x + 1)
       if width and width ~= j then mixed = true end
       width = j
       n = n + 1
-      toks[n], fields[n] = string.sub(x, 2, j - 1), f
+      toks[n], fields[n] = ssub(x, 2, j - 1), f
     end
   end
   C.c, C.hd = n, true
@@ -388,7 +399,7 @@ local function evict(low, high)
   local keys = {}
   for i = 1, n do
     local tok = toks[i]
-    if mixed then tok = string.format('%24s', tok) end
+    if mixed then tok = sformat('%24s', tok) end
     keys[i] = tok .. '\0' .. fields[i]
   end
   table.sort(keys)
@@ -396,17 +407,17 @@ local function evict(low, high)
   local off = fv == 'x'
   local fl, hi = nil, ''
   if fv and not off then
-    local a, b = string.match(fv, '^([^,]*),(.*)$')
-    fl, hi = tonumber(a), b or ''
+    local a, b = smatch(fv, '^([^,]*),(.*)$')
+    fl, hi = tonum(a), b or ''
   end
   for i = 1, n - low do
     local key = keys[i]
-    local f = string.sub(key, string.find(key, '\0', 1, true) + 1)
+    local f = ssub(key, sfind(key, '\0', 1, true) + 1)
     dels[i] = f
-    local x = numeric(string.sub(f, 2))
+    local x = numeric(ssub(f, 2))
     if x and not off and (not fl or x > fl) then fl = x end
   end
-  redis.call('HDEL', C.s, unpack(dels))
+  rcall('HDEL', C.s, unpk(dels))
   C.c = n - #dels
   if fl and not off then put('f', num(fl) .. ',' .. hi) end
   flush()

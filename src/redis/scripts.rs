@@ -42,10 +42,10 @@ if C.n > 0 and (not id or C.v[mf] == t) and q_has(t) then
 end
 if id then
   local c = C.v[mf]
-  if c and string.byte(c, 1) == 33 then
+  if c and sbyte(c, 1) == 33 then
     -- Handled by this very ticket: a retry of this enqueue whose first reply was lost.
     -- The grant's own end reports the message; it was not a duplicate.
-    if string.match(c, '^![^,]*,(.*)$') == t then return 'queued' end
+    if smatch(c, '^![^,]*,(.*)$') == t then return 'queued' end
     return 'duplicate'
   end
   local fresh = not c
@@ -54,7 +54,7 @@ if id then
     -- Claimed by a live delivery not handled yet: ask again later (it may die).
     if live and C.t == c then return 'inflight' end
     if C.n > 0 and q_has(c) then
-      local wc = tonumber(redis.call('HGET', s, 'a' .. replica_of(c)))
+      local wc = tonum(rcall('HGET', s, 'a' .. replica_of(c)))
       if wc and wc > C.now then return 'inflight' end
     end
   end
@@ -64,8 +64,8 @@ if id then
     local fl, hi, a = nil, nil, nil
     if fv then
       local b
-      a, b = string.match(fv, '^([^,]*),(.*)$')
-      fl, hi = tonumber(a), tonumber(b)
+      a, b = smatch(fv, '^([^,]*),(.*)$')
+      fl, hi = tonum(a), tonum(b)
     end
     if fl and x <= fl then return 'duplicate' end
     if hi and x < hi then
@@ -92,7 +92,7 @@ keep_until(C.now + 3 * ttl * 1000, 0)
 -- which holds it, already outlives any live lease by keep_ms, so only a longer claim
 -- needs the key's expiry moved.
 if id then
-  local claim_ms = tonumber(ARGV[5]) or 0
+  local claim_ms = tonum(ARGV[5]) or 0
   if claim_ms > keep_ms then keep_until(C.now, claim_ms) end
 end
 local gt, gk, gpr, gpk = nil, nil, nil, nil
@@ -144,21 +144,21 @@ return 'released'
 /// still this grant's and live, 0 otherwise.
 pub(super) const RENEW: &str = r#"
 local s = KEYS[1]
-local v = redis.call('HMGET', s, 'h', 'e')
+local v = rcall('HMGET', s, 'h', 'e')
 if not v[1] then return 0 end
-local k, u, rest = string.match(v[1], '^([^,]*),([^,]*),(.*)$')
-local t = rest and string.match(rest, '^[^,]*,[^,]*,(.*)$')
+local k, u, rest = smatch(v[1], '^([^,]*),([^,]*),(.*)$')
+local t = rest and smatch(rest, '^[^,]*,[^,]*,(.*)$')
 local now = now_us()
-if t == ARGV[1] and k == ARGV[2] and (tonumber(u) or 0) >= now then
-  local nu = now + tonumber(ARGV[3]) * 1000
-  local h = k .. ',' .. string.format('%d', nu) .. ',' .. rest
-  local keep = tonumber(ARGV[4])
-  if (tonumber(v[2]) or 0) < nu + keep * 1000 then
-    local ms = math.floor((nu - now) / 1000) + math.floor(keep * 3 / 2)
-    redis.call('PEXPIRE', s, num(ms))
-    redis.call('HSET', s, 'h', h, 'e', num(now + ms * 1000))
+if t == ARGV[1] and k == ARGV[2] and (tonum(u) or 0) >= now then
+  local nu = now + tonum(ARGV[3]) * 1000
+  local h = k .. ',' .. sformat('%d', nu) .. ',' .. rest
+  local keep = tonum(ARGV[4])
+  if (tonum(v[2]) or 0) < nu + keep * 1000 then
+    local ms = floor((nu - now) / 1000) + floor(keep * 3 / 2)
+    rcall('PEXPIRE', s, num(ms))
+    rcall('HSET', s, 'h', h, 'e', num(now + ms * 1000))
   else
-    redis.call('HSET', s, 'h', h)
+    rcall('HSET', s, 'h', h)
   end
   return 1
 end
@@ -224,22 +224,22 @@ return 'cancelled'
 /// has this token, or when the stored checkpoint's token is newer. Stored as
 /// `token NUL data`.
 pub(super) const WRITE_CHECKPOINT: &str = r#"
-local token = tonumber(ARGV[1])
-local hv = redis.call('HGET', KEYS[1], 'h')
+local token = tonum(ARGV[1])
+local hv = rcall('HGET', KEYS[1], 'h')
 if not hv then return 0 end
-local k, u = string.match(hv, '^([^,]*),([^,]*),')
+local k, u = smatch(hv, '^([^,]*),([^,]*),')
 local now = now_us()
-if (tonumber(u) or 0) < now then return 0 end
-if tonumber(k) ~= token then return 0 end
-local cur = redis.call('GET', KEYS[2])
+if (tonum(u) or 0) < now then return 0 end
+if tonum(k) ~= token then return 0 end
+local cur = rcall('GET', KEYS[2])
 if cur then
-  local k = tonumber(string.match(cur, '^[^%z]*'))
+  local k = tonum(smatch(cur, '^[^%z]*'))
   if k and token < k then return 0 end
 end
 if ARGV[3] then
-  redis.call('SET', KEYS[2], ARGV[1] .. '\0' .. ARGV[3], 'PX', ARGV[2])
+  rcall('SET', KEYS[2], ARGV[1] .. '\0' .. ARGV[3], 'PX', ARGV[2])
 else
-  redis.call('DEL', KEYS[2])
+  rcall('DEL', KEYS[2])
 end
 return 1
 "#;
@@ -294,7 +294,7 @@ impl Scripts {
         for (name, chat, body) in bodies {
             let args = if chat { CHAT_ARGS } else { "" };
             code.push_str(&format!(
-                "redis.register_function('@{name}', function(KEYS, ARGV)\n{args}\n{body}\nend)\n"
+                "redis.register_function('@{name}', function(KEYS, ARGV)\nif not rcall then bind() end\n{args}\n{body}\nend)\n"
             ));
         }
         // The SHA-1 of the code names the library (`Script` computes it).
