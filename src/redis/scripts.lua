@@ -81,25 +81,29 @@ local function settings(x)
   SETTINGS[x], SETTINGS_N = cf, SETTINGS_N + 1
   return cf
 end
--- The call's view of the chat: the holder record parsed (C.t, C.k strings, '' when
--- none; C.u, C.n, C.c numbers), C.v the other fields read (false when absent, nil when
--- not read) and written since, C.w[1..C.wn] the writes not sent yet as HSET arguments
--- (a field written twice is sent twice, the later value winning), C.hd whether the
--- holder record changed, C.keep the call's keep ms (set before `load`: a function's
+-- The call's view of the chat: the holder record parsed (C_t, C_k strings, '' when
+-- none; C_u, C_n, C_c numbers), C_v the other fields read (false when absent, nil when
+-- not read) and written since, C_w[1..C_wn] the writes not sent yet as HSET arguments
+-- (a field written twice is sent twice, the later value winning), C_hd whether the
+-- holder record changed, C_keep the call's keep ms (set before `load`: a function's
 -- arguments are its own locals, which the prelude cannot see).
--- C.v and C.w live as long as the library and are emptied in place by each call:
+-- C_v and C_w live as long as the library and are emptied in place by each call:
 -- a new table per call was grown slot by slot (a rehash per doubling, about 7 per
--- call), and was garbage the collector then swept.
-local C = {v = {}, w = {}, wn = 0}
+-- call), and was garbage the collector then swept. Each part of the view is a local
+-- of the library, not a field of one table: an upvalue read is several times cheaper
+-- than a table look-up, and a call makes about a hundred.
+local C_v, C_w, C_wn = {}, {}, 0
+local C_s, C_q, C_hd, C_now, C_keep
+local C_t, C_k, C_u, C_n, C_c, C_n0, C_ns, C_c0, C_cs
 -- Reads the holder record and the fields a..d (up to four; the expiry mark `e` among
 -- them, unless the caller knows the hash exists: every hash that has `h` has `e`).
 local function load(s, q, a, b, c, d, timeless)
-  C.s, C.q, C.hd = s, q, false
+  C_s, C_q, C_hd = s, q, false
   -- `timeless`: the caller asks for the time itself if it turns out to need it (a
   -- release of a chat nobody waits for needs none: TIME is one command of its three).
-  if timeless then C.now = nil else C.now = now_us() end
-  C.wn = 0
-  local v = C.v
+  if timeless then C_now = nil else C_now = now_us() end
+  C_wn = 0
+  local v = C_v
   for f in pairs(v) do v[f] = nil end
   local vals
   if d then
@@ -115,90 +119,90 @@ local function load(s, q, a, b, c, d, timeless)
   if b then v[b] = vals[3] end
   if c then v[c] = vals[4] end
   if d then v[d] = vals[5] end
-  C.t, C.k, C.u, C.n, C.c = '', '', 0, 0, 0
-  C.n0, C.ns, C.c0, C.cs = 0, '0', 0, '0'
+  C_t, C_k, C_u, C_n, C_c = '', '', 0, 0, 0
+  C_n0, C_ns, C_c0, C_cs = 0, '0', 0, '0'
   local h = vals[1]
   if h then
     local k, u, n, c, t = smatch(h, '^([^,]*),([^,]*),([^,]*),([^,]*),(.*)$')
     if t then
-      C.t, C.k, C.u, C.n, C.c = t, k, tonum(u) or 0, tonum(n) or 0, tonum(c) or 0
+      C_t, C_k, C_u, C_n, C_c = t, k, tonum(u) or 0, tonum(n) or 0, tonum(c) or 0
       -- The counts as read, so an unchanged count is written back as its own text
       -- (a number's `..` is a sprintf of %.14g, the costliest step of a flush).
       -- (Only a count that parsed: a damaged one is written afresh.)
-      C.n0, C.ns, C.c0, C.cs = nil, n, nil, c
-      if C.n ~= 0 or n == '0' then C.n0 = C.n end
-      if C.c ~= 0 or c == '0' then C.c0 = C.c end
+      C_n0, C_ns, C_c0, C_cs = nil, n, nil, c
+      if C_n ~= 0 or n == '0' then C_n0 = C_n end
+      if C_c ~= 0 or c == '0' then C_c0 = C_c end
     end
   elseif v.e == nil then
     v.e = false
   end
 end
 local function put(f, x)
-  if C.v[f] ~= x then
-    local w, n = C.w, C.wn
+  if C_v[f] ~= x then
+    local w, n = C_w, C_wn
     w[n + 1] = f
     w[n + 2] = x
-    C.wn = n + 2
-    C.v[f] = x
+    C_wn = n + 2
+    C_v[f] = x
   end
 end
 local function set_n(n)
   if n < 0 then n = 0 end
-  if n ~= C.n then C.n, C.hd = n, true end
+  if n ~= C_n then C_n, C_hd = n, true end
 end
 local function flush()
-  local args, n = C.w, C.wn
-  if C.hd then
+  local args, n = C_w, C_wn
+  if C_hd then
     n = n + 1
     args[n] = 'h'
     -- A released lease's end is 0: no format call for it. The counts n and c are
     -- small, so Lua's own number-to-string of `..` is exact for them.
-    local u = C.u == 0 and '0' or num(C.u)
-    local qn = C.n == C.n0 and C.ns or C.n
-    local c = C.c == C.c0 and C.cs or C.c
+    local u = C_u == 0 and '0' or num(C_u)
+    local qn = C_n == C_n0 and C_ns or C_n
+    local c = C_c == C_c0 and C_cs or C_c
     n = n + 1
-    args[n] = C.k .. ',' .. u .. ',' .. qn .. ',' .. c .. ',' .. C.t
-    C.hd = false
+    args[n] = C_k .. ',' .. u .. ',' .. qn .. ',' .. c .. ',' .. C_t
+    C_hd = false
   end
   if n == 0 then return end
-  C.wn = 0
-  if C.v.e == false then
-    if not C.now then C.now = now_us() end
+  C_wn = 0
+  if C_v.e == false then
+    if not C_now then C_now = now_us() end
     -- A hash this call did not find (or found without an expiry mark) gets one, so
     -- no path leaves state behind for good.
-    local ms = floor(C.keep * 3 / 2)
-    C.v.e = num(C.now + ms * 1000)
+    local ms = floor(C_keep * 3 / 2)
+    C_v.e = num(C_now + ms * 1000)
     args[n + 1] = 'e'
-    args[n + 2] = C.v.e
-    rcall('HSET', C.s, unpk(args, 1, n + 2))
-    rcall('PEXPIRE', C.s, num(ms))
+    args[n + 2] = C_v.e
+    rcall('HSET', C_s, unpk(args, 1, n + 2))
+    rcall('PEXPIRE', C_s, num(ms))
     return
   end
-  rcall('HSET', C.s, unpk(args, 1, n))
+  rcall('HSET', C_s, unpk(args, 1, n))
 end
 -- Whether a live lease holds the chat.
-local function held() return C.t ~= '' and C.u >= C.now end
+local function held() return C_t ~= '' and C_u >= C_now end
 -- The current holder as a reply "tag NUL t NUL k NUL pr NUL pk" (its previous holder
 -- read now if this call has not read or written it). Replies are one string: Redis
 -- converts a table's every element, and the table and its strings are garbage.
 local function holder_reply(tag)
-  if C.v.p == nil then C.v.p = rcall('HGET', C.s, 'p') end
-  local pk, pr = smatch(C.v.p or ',', '^([^,]*),(.*)$')
-  return tag .. '\0' .. C.t .. '\0' .. C.k .. '\0' .. (pr or '') .. '\0' .. (pk or '')
+  if C_v.p == nil then C_v.p = rcall('HGET', C_s, 'p') end
+  local pk, pr = smatch(C_v.p or ',', '^([^,]*),(.*)$')
+  return tag .. '\0' .. C_t .. '\0' .. C_k .. '\0' .. (pr or '') .. '\0' .. (pk or '')
 end
 -- Keeps list q at least 3 x ttl ms from now, never shortening it: a replica with a
 -- short TTL must not cut the queue of a waiter with a long one. `qe` remembers until
 -- when the list's expiry is known to run (us), so most calls need no PEXPIRE; `fresh`:
 -- the RPUSH just created the list (it has no expiry yet).
 local function keep_queue(ttl, fresh)
-  if C.v.qe == nil then C.v.qe = rcall('HGET', C.s, 'qe') end
-  local need = C.now + 3 * ttl * 1000
-  local qe = tonum(C.v.qe)
+  if C_v.qe == nil then C_v.qe = rcall('HGET', C_s, 'qe') end
+  local need = C_now + 3 * ttl * 1000
+  local qe = tonum(C_v.qe)
   if not fresh and qe and qe >= need - ttl * 1000 then return end
   if fresh then
-    rcall('PEXPIRE', C.q, num(3 * ttl))
-  elseif rcall('PEXPIRE', C.q, num(3 * ttl), 'GT') == 0 and rcall('PTTL', C.q) == -1 then
-    rcall('PEXPIRE', C.q, num(3 * ttl))
+    rcall('PEXPIRE', C_q, num(3 * ttl))
+  elseif rcall('PEXPIRE', C_q, num(3 * ttl), 'GT') == 0 and rcall('PTTL', C_q) == -1 then
+    rcall('PEXPIRE', C_q, num(3 * ttl))
   end
   if fresh or not qe or qe < need then put('qe', num(need)) end
 end
@@ -206,15 +210,15 @@ end
 -- window and any live lease all fit. Set to half as much again, so this is one PEXPIRE
 -- per chat and hour or so, not one per message.
 local function keep_until(upto, keep)
-  if C.v.e == nil then C.v.e = rcall('HGET', C.s, 'e') end
-  local e = tonum(C.v.e)
+  if C_v.e == nil then C_v.e = rcall('HGET', C_s, 'e') end
+  local e = tonum(C_v.e)
   if e and e >= upto + keep * 1000 then return end
-  local ms = floor((upto - C.now) / 1000) + floor(keep * 3 / 2)
+  local ms = floor((upto - C_now) / 1000) + floor(keep * 3 / 2)
   -- The key must exist for PEXPIRE to stick: a new chat's first writes go first.
-  put('e', num(C.now + ms * 1000))
+  put('e', num(C_now + ms * 1000))
   flush()
   -- As text: Redis formats a number argument with %.17g.
-  rcall('PEXPIRE', C.s, num(ms))
+  rcall('PEXPIRE', C_s, num(ms))
 end
 -- The queue: its head in field q, its tail in list q (see the top). Q_MAX is Redis'
 -- default hash-max-listpack-value: a longer field would turn the whole state hash
@@ -222,10 +226,10 @@ end
 local Q_MAX = 64
 -- Field q as read (this call reads it if it has not).
 local function queue()
-  local q = C.v.q
+  local q = C_v.q
   if q == nil then
-    q = rcall('HGET', C.s, 'q')
-    C.v.q = q
+    q = rcall('HGET', C_s, 'q')
+    C_v.q = q
   end
   return q or ''
 end
@@ -239,13 +243,13 @@ local function field_count(q)
   return n
 end
 -- Whether the list holds any ticket (by the count: the list is not read).
-local function spilled(q) return C.n > field_count(q) end
+local function spilled(q) return C_n > field_count(q) end
 local function q_has(t)
   local q = queue()
   if sfind(q, '\0' .. t .. '\0', 1, true) then return true end
-  return spilled(q) and rcall('LPOS', C.q, t) ~= false
+  return spilled(q) and rcall('LPOS', C_q, t) ~= false
 end
--- Queues ticket t last; call before counting it in C.n.
+-- Queues ticket t last; call before counting it in C_n.
 local function q_push(t, ttl)
   local q = queue()
   if not spilled(q) then
@@ -256,7 +260,7 @@ local function q_push(t, ttl)
       return
     end
   end
-  local len = rcall('RPUSH', C.q, t)
+  local len = rcall('RPUSH', C_q, t)
   keep_queue(ttl, len == 1)
 end
 -- The first ticket, taken out; nil when the queue is empty. The list is popped only
@@ -272,7 +276,7 @@ local function q_pop()
     return t
   end
   if q ~= '' then put('q', '') end
-  return rcall('LPOP', C.q) or nil
+  return rcall('LPOP', C_q) or nil
 end
 -- Takes every copy of ticket t out; returns how many there were.
 local function q_remove(t)
@@ -290,16 +294,16 @@ local function q_remove(t)
     if q == '\0' then q = '' end
     put('q', q)
   end
-  if list then n = n + rcall('LREM', C.q, 0, t) end
+  if list then n = n + rcall('LREM', C_q, 0, t) end
   return n
 end
 -- Both parts counted (only to repair a count lost with the state).
 local function q_len()
-  return field_count(queue()) + rcall('LLEN', C.q)
+  return field_count(queue()) + rcall('LLEN', C_q)
 end
 -- Keeps the queue (both parts) at least 3 x TTL from now: waiters are alive.
 local function keep_tickets(ttl)
-  keep_until(C.now + 3 * ttl * 1000, 0)
+  keep_until(C_now + 3 * ttl * 1000, 0)
   if spilled(queue()) then keep_queue(ttl, false) end
 end
 -- Records a grant of the chat to ticket t (of replica r) with a lease of `lease` ms;
@@ -312,16 +316,16 @@ end
 -- The previous holder is the last one (t, k stay after a release) while its grant is
 -- at most `hist` ms old (a token is its grant's time, or just above).
 local function grant(chat, t, r, lease, hist, keep_ms, wake, kept)
-  local token = C.now
-  local lk = tonum(C.k)
+  local token = C_now
+  local lk = tonum(C_k)
   if lk and lk + 1 > token then token = lk + 1 end
   local pr, pk = '', ''
-  if C.t ~= '' and lk and C.now - lk <= hist * 1000 then
-    pr, pk = replica_of(C.t), C.k
+  if C_t ~= '' and lk and C_now - lk <= hist * 1000 then
+    pr, pk = replica_of(C_t), C_k
   end
   local k = num(token)
-  local until_us = C.now + lease * 1000
-  C.t, C.k, C.u, C.hd = t, k, until_us, true
+  local until_us = C_now + lease * 1000
+  C_t, C_k, C_u, C_hd = t, k, until_us, true
   put('p', pk .. ',' .. pr)
   keep_until(until_us, keep_ms)
   if not kept then
@@ -336,15 +340,15 @@ end
 -- ticket in the queue, skipping lapsed ones. Returns the grant or nil. The caller
 -- answers with (keeps) a grant to ticket `own_t` or to any ticket of replica `own_r`
 -- (either may be nil); the others are published.
--- Pops at most C.n tickets: once the count says the queue is empty it is not read.
+-- Pops at most C_n tickets: once the count says the queue is empty it is not read.
 local function settle(chat, ttl, hist, keep_ms, wake, own_t, own_r)
-  while C.n > 0 do
+  while C_n > 0 do
     local t = q_pop()
     if not t then
       set_n(0)
       return nil
     end
-    set_n(C.n - 1)
+    set_n(C_n - 1)
     local r = replica_of(t)
     -- A releasing replica's own tickets need no liveness read: it is alive (it is
     -- calling, and the chat's state is whole: it just found its own grant there).
@@ -354,9 +358,9 @@ local function settle(chat, ttl, hist, keep_ms, wake, own_t, own_r)
     local alive = nil
     if r ~= own_r then
       local af = 'a' .. r
-      alive = tonum(C.v[af] or rcall('HGET', C.s, af))
+      alive = tonum(C_v[af] or rcall('HGET', C_s, af))
     end
-    if r == own_r or (alive and alive > C.now) then
+    if r == own_r or (alive and alive > C_now) then
       -- The grantee's own liveness bounds its lease, not the caller's TTL: replicas
       -- may run different TTLs (a rolling deploy), and alive-until was set from the
       -- grantee's TTL at its last renewal, so the lease never outlives a crashed
@@ -364,7 +368,7 @@ local function settle(chat, ttl, hist, keep_ms, wake, own_t, own_r)
       -- caller answers with (kept) is the caller's own, and the caller is alive: it
       -- gets a full TTL from now, which the caller counts from its call's send time.
       local lease = ttl
-      if not kept then lease = floor((alive - C.now) / 1000) end
+      if not kept then lease = floor((alive - C_now) / 1000) end
       if lease < 1 then lease = 1 end
       return grant(chat, t, r, lease, hist, keep_ms, wake, kept)
     end
@@ -377,7 +381,7 @@ end
 -- ~100 marks with one was most of an eviction's time); tokens of one width sort as
 -- numbers, and tokens of mixed widths are left-padded first.
 local function evict(low, high)
-  local all = rcall('HGETALL', C.s)
+  local all = rcall('HGETALL', C_s)
   local toks, fields, n, fv, width, mixed = {}, {}, 0, nil, nil, false
   for i = 1, #all, 2 do
     local f, x = all[i], all[i + 1]
@@ -391,7 +395,7 @@ local function evict(low, high)
       toks[n], fields[n] = ssub(x, 2, j - 1), f
     end
   end
-  C.c, C.hd = n, true
+  C_c, C_hd = n, true
   if n < high then
     flush()
     return
@@ -417,8 +421,8 @@ local function evict(low, high)
     local x = numeric(ssub(f, 2))
     if x and not off and (not fl or x > fl) then fl = x end
   end
-  rcall('HDEL', C.s, unpk(dels))
-  C.c = n - #dels
+  rcall('HDEL', C_s, unpk(dels))
+  C_c = n - #dels
   if fl and not off then put('f', num(fl) .. ',' .. hi) end
   flush()
 end

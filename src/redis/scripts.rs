@@ -13,7 +13,7 @@ local s, q = KEYS[1], KEYS[2]
 local chat, t = ARGV[1], ARGV[2]
 local cf = settings(ARGV[3])
 local ttl, hist, wake, keep_ms = cf.ttl, cf.hist, cf.wake, cf.keep
-C.keep = keep_ms
+C_keep = keep_ms
 local id = ARGV[4]
 if id == '' then id = nil end
 local mf = id and ('m' .. id)
@@ -34,14 +34,14 @@ pub(super) const ENQUEUE: &str = r#"
 local me = replica_of(t)
 if id then load(s, q, 'e', 'q', mf, 'f') else load(s, q, 'e', 'q') end
 local live = held()
-if live and C.t == t then return holder_reply('granted') end
+if live and C_t == t then return holder_reply('granted') end
 -- A retry of this very enqueue is already queued. With a message id, only a ticket
 -- that holds the id's claim can be (every enqueue that queues claims it).
-if C.n > 0 and (not id or C.v[mf] == t) and q_has(t) then
+if C_n > 0 and (not id or C_v[mf] == t) and q_has(t) then
   return 'queued'
 end
 if id then
-  local c = C.v[mf]
+  local c = C_v[mf]
   if c and sbyte(c, 1) == 33 then
     -- Handled by this very ticket: a retry of this enqueue whose first reply was lost.
     -- The grant's own end reports the message; it was not a duplicate.
@@ -52,14 +52,14 @@ if id then
   if c == '-' then c = nil end
   if c and c ~= t then
     -- Claimed by a live delivery not handled yet: ask again later (it may die).
-    if live and C.t == c then return 'inflight' end
-    if C.n > 0 and q_has(c) then
+    if live and C_t == c then return 'inflight' end
+    if C_n > 0 and q_has(c) then
       local wc = tonum(rcall('HGET', s, 'a' .. replica_of(c)))
-      if wc and wc > C.now then return 'inflight' end
+      if wc and wc > C_now then return 'inflight' end
     end
   end
   local x = numeric(id)
-  local fv = C.v.f
+  local fv = C_v.f
   if fresh and x and fv ~= 'x' then
     local fl, hi, a = nil, nil, nil
     if fv then
@@ -77,23 +77,23 @@ if id then
   end
   put(mf, t)
 end
-if not live and C.n == 0 then
+if not live and C_n == 0 then
   local _, k, pr, pk = grant(chat, t, me, ttl, hist, keep_ms, wake, true)
   flush()
   return 'granted\0' .. t .. '\0' .. k .. '\0' .. pr .. '\0' .. pk
 end
 q_push(t, ttl)
-set_n(C.n + 1)
-put('a' .. me, num(C.now + ttl * 1000))
+set_n(C_n + 1)
+put('a' .. me, num(C_now + ttl * 1000))
 -- The queue's head lives in the state: the key outlives the ticket's liveness (3 x
 -- TTL, as alive-until is refreshed every TTL / 3 at most), whatever its last grant was.
-keep_until(C.now + 3 * ttl * 1000, 0)
+keep_until(C_now + 3 * ttl * 1000, 0)
 -- The claim outlives the message's wait and one lease more (ARGV[5], ms): the state,
 -- which holds it, already outlives any live lease by keep_ms, so only a longer claim
 -- needs the key's expiry moved.
 if id then
   local claim_ms = tonum(ARGV[5]) or 0
-  if claim_ms > keep_ms then keep_until(C.now, claim_ms) end
+  if claim_ms > keep_ms then keep_until(C_now, claim_ms) end
 end
 local gt, gk, gpr, gpk = nil, nil, nil, nil
 if not live then gt, gk, gpr, gpk = settle(chat, ttl, hist, keep_ms, wake, t, nil) end
@@ -113,29 +113,29 @@ if id then load(s, q, 'e', 'q', mf, nil, true) else load(s, q, 'e', 'q', nil, ni
 -- ran out with nobody granted the chat after it still was the only one (exclusion held),
 -- so its release needs no clock. The holder learns of a lease that ran out on its own
 -- side (its deadline) and of a refused renewal.
-if not (C.t == t and C.k == token and C.u ~= 0) then
-  C.now = now_us()
+if not (C_t == t and C_k == token and C_u ~= 0) then
+  C_now = now_us()
   -- Not ours any more. If a lease simply expired, move the chat on.
-  if not held() and C.n > 0 then settle(chat, ttl, hist, keep_ms, wake, nil, nil) end
+  if not held() and C_n > 0 then settle(chat, ttl, hist, keep_ms, wake, nil, nil) end
   flush()
   -- A retry of this very release whose reply was lost: the mark says so.
-  if id and C.v[mf] == handled_mark then return 'released' end
+  if id and C_v[mf] == handled_mark then return 'released' end
   return 'lost'
 end
-C.u, C.hd = 0, true
+C_u, C_hd = 0, true
 local marked = false
-if id and C.v[mf] == t then
+if id and C_v[mf] == t then
   put(mf, handled_mark)
-  C.c = C.c + 1
+  C_c = C_c + 1
   marked = true
 end
 local gt, gk, gpr, gpk, gr = nil, nil, nil, nil, nil
-if C.n > 0 then
-  C.now = now_us()
+if C_n > 0 then
+  C_now = now_us()
   gt, gk, gpr, gpk, gr = settle(chat, ttl, hist, keep_ms, wake, nil, me)
 end
 flush()
-if marked and C.c >= high then evict(low, high) end
+if marked and C_c >= high then evict(low, high) end
 if gt and gr == me then return 'released\0' .. gt .. '\0' .. gk .. '\0' .. gpr .. '\0' .. gpk end
 return 'released'
 "#;
@@ -168,31 +168,31 @@ return 0
 pub(super) const CHECK: &str = r#"
 local me = replica_of(t)
 load(s, q, 'e', 'a' .. me, 'q', 'qe')
-local seen = C.v['a' .. me]
+local seen = C_v['a' .. me]
 -- The count of queued tickets bounds every hand-over; a check is where a count lost
 -- to a restart or a stale replica is repaired (before any pop may empty the list).
-if not held() and C.n == 0 then set_n(q_len()) end
+if not held() and C_n == 0 then set_n(q_len()) end
 if not held() then settle(chat, ttl, hist, keep_ms, wake, t, nil) end
 -- Held by this ticket or another of the caller's: the caller asks about its earliest
 -- ticket by sequence, and one queued again later stands behind later ones.
-if held() and replica_of(C.t) == me then
+if held() and replica_of(C_t) == me then
   -- The caller is alive: its later tickets in this chat stay so too (the re-check
   -- asks about its earliest ticket only, and a grant may wait a while to be used).
-  put('a' .. me, num(C.now + ttl * 1000))
-  if C.n > 0 then keep_tickets(ttl) end
+  put('a' .. me, num(C_now + ttl * 1000))
+  if C_n > 0 then keep_tickets(ttl) end
   -- Renewed as the holder's own renewal would, never shortened: the caller counts the
   -- lease from this call, with no further round trip before using it.
-  local u = C.now + ttl * 1000
-  if u > C.u then
-    C.u, C.hd = u, true
+  local u = C_now + ttl * 1000
+  if u > C_u then
+    C_u, C_hd = u, true
     keep_until(u, keep_ms)
   end
   flush()
   return holder_reply('granted')
 end
 if q_has(t) then
-  put('a' .. me, num(C.now + ttl * 1000))
-  if C.n == 0 then set_n(q_len()) end
+  put('a' .. me, num(C_now + ttl * 1000))
+  if C_n == 0 then set_n(q_len()) end
   keep_tickets(ttl)
   flush()
   return 'waiting'
@@ -207,14 +207,14 @@ return 'gone'
 pub(super) const CANCEL: &str = r#"
 if id then load(s, q, 'e', 'q', mf) else load(s, q, 'e', 'q') end
 if not held() then settle(chat, ttl, hist, keep_ms, wake, t, nil) end
-if held() and C.t == t then
+if held() and C_t == t then
   flush()
   return holder_reply('granted')
 end
 local removed = q_remove(t)
-if removed > 0 then set_n(C.n - removed) end
+if removed > 0 then set_n(C_n - removed) end
 -- Given up: a redelivery of the message may run (and no floor ever covers it).
-if id and C.v[mf] == t then put(mf, '-') end
+if id and C_v[mf] == t then put(mf, '-') end
 flush()
 return 'cancelled'
 "#;
