@@ -81,7 +81,8 @@ pub(super) fn parse_grant(t: &str, k: &str, pr: &str, pk: &str) -> Result<Grant,
     })
 }
 
-/// A grant reply `{tag, t, k, pr, pk}` from a script.
+/// A grant reply from a script, split at its NULs: the tag, ticket, token, previous
+/// replica and previous token.
 pub(super) fn grant_from(reply: &[String]) -> Result<Grant, BackendError> {
     match reply {
         [_, t, k, pr, pk, ..] => parse_grant(t, k, pr, pk),
