@@ -37,20 +37,26 @@ impl ChatKeys {
     }
 }
 
+/// Refuses a replica id that holds a NUL: the holder record, the wake-ups and the
+/// replies use NUL as their separator, so such a replica's ticket would be granted
+/// and its reply misread. Checked before anything is written (`Replica::start`
+/// refuses such ids too; this guards a direct user of the
+/// [`Coordinator`](crate::Coordinator) calls).
+pub(super) fn check_replica_id(replica: &str) -> Result<(), BackendError> {
+    if replica.contains('\0') {
+        return Err(BackendError::new(format!(
+            "replica id {replica:?} holds a NUL character, which the Redis backend uses as a separator"
+        )));
+    }
+    Ok(())
+}
+
 /// A ticket as the functions take it, `<seq>:<replica>`.
 ///
 /// # Errors
-/// When the replica id holds a NUL: the holder record, the wake-ups and the replies
-/// use NUL as their separator, so such a ticket would be granted and its reply
-/// misread. Refused before anything is written (`Replica::start` refuses such ids
-/// too; this guards a direct user of the [`Coordinator`](crate::Coordinator) calls).
+/// As [`check_replica_id`].
 pub(super) fn ticket_str(t: &Ticket) -> Result<String, BackendError> {
-    if t.replica.contains('\0') {
-        return Err(BackendError::new(format!(
-            "replica id {:?} holds a NUL character, which the Redis backend uses as a separator",
-            t.replica
-        )));
-    }
+    check_replica_id(&t.replica)?;
     Ok(format!("{}:{}", t.seq, t.replica))
 }
 

@@ -39,8 +39,8 @@ use redis::{Cmd, Value};
 
 use crate::coordinator::{
     BackendError, CHECKPOINT_TTL, ChatView, Coordinator, EnqueueRequest, Enqueued, Grant,
-    GrantSink, HISTORY, HeldLease, MeshView, Released, Renewal, ReplicaId, Ticket, TicketState,
-    Token, Waiting,
+    GrantSink, HISTORY, HeldLease, MeshView, Released, Renewal, ReplicaId, TicketState, Token,
+    Waiting,
 };
 
 mod connect;
@@ -55,7 +55,7 @@ mod subscriber;
 mod target;
 mod url;
 
-use keys::{ChatKeys, grant_from, ticket_str};
+use keys::{ChatKeys, check_replica_id, grant_from, ticket_str};
 pub use options::{MAX_WAIT_REPLICAS, RedisOptions, SentinelOptions, TlsOptions};
 pub(crate) use options::{check_mode, check_timeout_fits_lease, check_wait_replicas};
 use scripts::Scripts;
@@ -316,8 +316,6 @@ impl Drop for RedisCoordinator {
     }
 }
 
-/// Refuses `wait_replicas` above the replicas a primary has connected now: every write
-/// would wait its `WAIT` out and fail, and the bot would crawl instead of working.
 /// How long a chat's state outlives its last grant, ms: the history and the dedup
 /// window both fit.
 fn keep_ms(options: &RedisOptions) -> u64 {
@@ -332,6 +330,8 @@ fn wake_prefix(options: &RedisOptions) -> String {
     format!("{}:{{wake}}:", options.key_prefix)
 }
 
+/// Refuses `wait_replicas` above the replicas a primary has connected now: every write
+/// would wait its `WAIT` out and fail, and the bot would crawl instead of working.
 fn check_replicas(target: &Target, wanted: usize) -> Result<(), BackendError> {
     for node in target.primaries() {
         let info: String = typed(target.on_node(&node, &mut |con| {
@@ -384,10 +384,7 @@ impl Coordinator for RedisCoordinator {
 
     fn attach(&self, replica: &ReplicaId, sink: GrantSink) -> Result<(), BackendError> {
         // The same check as every call's: the wake-ups name the replica too.
-        ticket_str(&Ticket {
-            replica: replica.clone(),
-            seq: 0,
-        })?;
+        check_replica_id(replica)?;
         self.stop_subscriber(replica);
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);

@@ -182,13 +182,17 @@ local function flush()
 end
 -- Whether a live lease holds the chat.
 local function held() return C_t ~= '' and C_u >= C_now end
+-- A grant as a reply: "tag NUL t NUL k NUL pr NUL pk".
+local function grant_reply(tag, t, k, pr, pk)
+  return tag .. '\0' .. t .. '\0' .. k .. '\0' .. pr .. '\0' .. pk
+end
 -- The current holder as a reply "tag NUL t NUL k NUL pr NUL pk" (its previous holder
 -- read now if this call has not read or written it). Replies are one string: Redis
 -- converts a table's every element, and the table and its strings are garbage.
 local function holder_reply(tag)
   if C_v.p == nil then C_v.p = rcall('HGET', C_s, 'p') end
   local pk, pr = smatch(C_v.p or ',', '^([^,]*),(.*)$')
-  return tag .. '\0' .. C_t .. '\0' .. C_k .. '\0' .. (pr or '') .. '\0' .. (pk or '')
+  return grant_reply(tag, C_t, C_k, pr or '', pk or '')
 end
 -- Keeps list q at least 3 x ttl ms from now, never shortening it: a replica with a
 -- short TTL must not cut the queue of a waiter with a long one. `qe` remembers until

@@ -80,7 +80,7 @@ end
 if not live and C_n == 0 then
   local _, k, pr, pk = grant(chat, t, me, ttl, hist, keep_ms, wake, true)
   flush()
-  return 'granted\0' .. t .. '\0' .. k .. '\0' .. pr .. '\0' .. pk
+  return grant_reply('granted', t, k, pr, pk)
 end
 q_push(t, ttl)
 set_n(C_n + 1)
@@ -98,7 +98,7 @@ end
 local gt, gk, gpr, gpk = nil, nil, nil, nil
 if not live then gt, gk, gpr, gpk = settle(chat, ttl, hist, keep_ms, wake, t, nil) end
 flush()
-if gt == t then return 'granted\0' .. t .. '\0' .. gk .. '\0' .. gpr .. '\0' .. gpk end
+if gt == t then return grant_reply('granted', t, gk, gpr, gpk) end
 return 'queued'
 "#;
 
@@ -136,7 +136,7 @@ if C_n > 0 then
 end
 flush()
 if marked and C_c >= high then evict(low, high) end
-if gt and gr == me then return 'released\0' .. gt .. '\0' .. gk .. '\0' .. gpr .. '\0' .. gpk end
+if gt and gr == me then return grant_reply('released', gt, gk, gpr, gpk) end
 return 'released'
 "#;
 
