@@ -70,7 +70,9 @@ impl Env<'_> {
 /// One shard of chats: the backend keeps several, each under its own lock.
 #[derive(Default)]
 pub(crate) struct Shard {
-    chats: HashMap<String, ChatState>,
+    /// Keyed by the stored chat name, boxed rather than a `String`: 8 bytes less in
+    /// every entry of a map that keeps idle chats for their history.
+    chats: HashMap<Box<str>, ChatState>,
     /// Size of `chats` at which expired idle chats are swept next.
     sweep_at: usize,
     /// Conversation checkpoints by chat; kept apart from `chats` because they outlive
@@ -86,19 +88,37 @@ struct Checkpoint {
     expires: Instant,
 }
 
+/// One chat's entry, kept small (80 bytes): the table keeps every idle chat for its
+/// history, and each growth of a shard's map copies all entries into fresh memory,
+/// whose first touch is a page fault. What only a contended chat or one with message
+/// ids needs is in [`Extra`], made on first use.
 struct ChatState {
     holder: Option<Holder>,
-    queue: VecDeque<Queued>,
-    /// Who held the chat last, for the next grant's `previous`.
+    /// Who held the chat before the present holder (the holder's grant's `previous`,
+    /// answered again to a repeated enqueue of its ticket) or, while the chat is free,
+    /// who held it last (the next grant's `previous`). One field serves both: it
+    /// changes only when a holder leaves.
     previous: Option<Previous>,
     /// While idle: until when the previous holder is remembered (ns, as `Env::now_ns`).
     idle_until: u64,
+    /// The queue and the duplicate check, from the chat's first waiter or message id
+    /// on; kept while the chat's entry is, so a busy chat allocates it once.
+    extra: Option<Box<Extra>>,
+}
+
+/// The parts of a chat's state that an uncontended chat without message ids (the lock
+/// API, W1) never needs.
+#[derive(Default)]
+struct Extra {
+    queue: VecDeque<Queued>,
     /// Duplicate suppression for the chat's message ids, bounded per chat; the chat's
     /// entry is kept while it holds anything (`dedup.until`). Made on the chat's first
-    /// message id: a chat locked without ids (the lock API) does without it, and every
-    /// chat's entry stays small (the table keeps idle chats for the history).
-    dedup: Option<Box<Dedup>>,
+    /// message id: a chat locked without ids does without it.
+    dedup: Option<Dedup>,
 }
+
+/// The queue of a chat that never had a waiter.
+static NO_QUEUE: VecDeque<Queued> = VecDeque::new();
 
 impl ChatState {
     fn new(now_ns: u64) -> Self {
@@ -106,15 +126,31 @@ impl ChatState {
         // check allocate on first use.
         ChatState {
             holder: None,
-            queue: VecDeque::new(),
             previous: None,
             idle_until: now_ns,
-            dedup: None,
+            extra: None,
         }
     }
 
+    fn queue(&self) -> &VecDeque<Queued> {
+        self.extra.as_ref().map_or(&NO_QUEUE, |e| &e.queue)
+    }
+
+    /// The queue, for changes that only remove: nothing is made for a chat without one.
+    fn queue_if_any(&mut self) -> Option<&mut VecDeque<Queued>> {
+        self.extra.as_mut().map(|e| &mut e.queue)
+    }
+
+    fn extra(&mut self) -> &mut Extra {
+        self.extra.get_or_insert_with(Box::default)
+    }
+
+    fn dedup_mut(&mut self) -> Option<&mut Dedup> {
+        self.extra.as_mut().and_then(|e| e.dedup.as_mut())
+    }
+
     fn is_idle(&self) -> bool {
-        self.holder.is_none() && self.queue.is_empty()
+        self.holder.is_none() && self.queue().is_empty()
     }
 
     /// A chat nobody holds or waits for keeps only who held it last, until `history`
@@ -152,7 +188,6 @@ struct Holder {
     token: Token,
     /// When the lease ends unless renewed (ns, as `Env::now_ns`).
     lease_until: u64,
-    previous: Option<Previous>,
 }
 
 struct Queued {
@@ -160,11 +195,13 @@ struct Queued {
     deadline: Instant,
 }
 
-fn grant_of(holder: &Holder) -> Grant {
+/// The grant `holder` got, answered again (the chat's `previous` is its grant's while
+/// it holds).
+fn grant_of(holder: &Holder, previous: &Option<Previous>) -> Grant {
     Grant {
         ticket: holder.ticket.clone(),
         token: holder.token,
-        previous: holder.previous.clone(),
+        previous: previous.clone(),
     }
 }
 
@@ -179,7 +216,6 @@ fn grant(env: &Env<'_>, chat: &mut ChatState, ticket: Ticket, alive_until: u64) 
         // crashed replica's queued tickets cost the others at most one TTL in all, not
         // one TTL each.
         lease_until: env.now_ns.saturating_add(env.ttl_ns).min(alive_until),
-        previous: previous.clone(),
     });
     Grant {
         ticket,
@@ -202,7 +238,7 @@ fn settle(env: &Env<'_>, chat: &mut ChatState) -> Option<Grant> {
         });
         chat.holder = None;
     }
-    while let Some(q) = chat.queue.pop_front() {
+    while let Some(q) = chat.queue_if_any().and_then(VecDeque::pop_front) {
         let Some(alive_until) = (env.alive_until)(&q.ticket.replica) else {
             continue; // detached
         };
@@ -231,7 +267,7 @@ fn row(name: &str, chat: &ChatState, now_ns: u64) -> ChatRow {
         lease_left: Duration::from_nanos(h.lease_until.saturating_sub(now_ns)),
     });
     let previous = match holder {
-        Some(h) => h.previous.clone(),
+        Some(_) => chat.previous.clone(),
         // Free (or expired): the last holder.
         None => match &chat.holder {
             Some(h) => Some(Previous {
@@ -241,7 +277,7 @@ fn row(name: &str, chat: &ChatState, now_ns: u64) -> ChatRow {
             None => chat.previous.clone(),
         },
     };
-    (name.to_owned(), view, chat.queue.len(), previous)
+    (name.to_owned(), view, chat.queue().len(), previous)
 }
 
 impl Shard {
@@ -255,7 +291,7 @@ impl Shard {
     pub(crate) fn views(&self, now_ns: u64, out: &mut Vec<ChatRow>) {
         for (name, c) in &self.chats {
             let held = c.holder.as_ref().is_some_and(|h| h.lease_until >= now_ns);
-            if held || !c.queue.is_empty() {
+            if held || !c.queue().is_empty() {
                 out.push(row(name, c, now_ns));
             }
         }
@@ -275,7 +311,10 @@ impl Shard {
             self.chats.retain(|_, c| {
                 !c.is_idle()
                     || c.idle_until >= now_ns
-                    || c.dedup.as_ref().is_some_and(|d| d.until >= now)
+                    || c.extra
+                        .as_ref()
+                        .and_then(|e| e.dedup.as_ref())
+                        .is_some_and(|d| d.until >= now)
             });
             self.sweep_at = (self.chats.len() * 2).max(1024);
         }
@@ -294,15 +333,15 @@ impl Shard {
             Some(chat) => chat,
             None => self
                 .chats
-                .entry(req.chat.to_owned())
+                .entry(req.chat.into())
                 .or_insert_with(|| ChatState::new(env.now_ns)),
         };
         // Idempotent per ticket: a ticket already holding or queued keeps its grant or
         // its place.
         if let Some(h) = chat.holder.as_ref().filter(|h| &h.ticket == req.ticket) {
-            return Enqueued::Granted(grant_of(h));
+            return Enqueued::Granted(grant_of(h, &chat.previous));
         }
-        if chat.queue.iter().any(|q| &q.ticket == req.ticket) {
+        if chat.queue().iter().any(|q| &q.ticket == req.ticket) {
             return Enqueued::Queued;
         }
         if let Some(id) = req.message_id.filter(|_| !env.dedup_window.is_zero()) {
@@ -313,13 +352,9 @@ impl Shard {
                 .dedup_window
                 .max(req.wait.saturating_add(env.ttl))
                 .min(FOREVER);
-            let ChatState {
-                holder,
-                queue,
-                dedup,
-                ..
-            } = &mut *chat;
-            let dedup = dedup.get_or_insert_with(|| Box::new(Dedup::new(now)));
+            let ChatState { holder, extra, .. } = &mut *chat;
+            let Extra { queue, dedup } = &mut **extra.get_or_insert_with(Box::default);
+            let dedup = dedup.get_or_insert_with(|| Dedup::new(now));
             let answer = dedup.claim(now, claim_for, id, req.ticket, |t| {
                 ticket_alive(env, holder.as_ref(), queue, t)
             });
@@ -341,7 +376,7 @@ impl Shard {
                 return Enqueued::Granted(grant(env, chat, req.ticket.clone(), alive_until));
             }
         }
-        chat.queue.push_back(Queued {
+        chat.extra().queue.push_back(Queued {
             ticket: req.ticket.clone(),
             deadline: now + req.wait.min(FOREVER),
         });
@@ -375,7 +410,7 @@ impl Shard {
             Some(chat) => chat,
             None => self
                 .chats
-                .entry(req.chat.to_owned())
+                .entry(req.chat.into())
                 .or_insert_with(|| ChatState::new(env.now_ns)),
         };
         if chat.idle_until < env.now_ns {
@@ -402,12 +437,14 @@ impl Shard {
             .holder
             .as_ref()
             .filter(|h| &h.ticket == w.ticket)
-            .map(grant_of);
+            .map(|h| grant_of(h, &chat.previous));
         if result.is_none() {
-            chat.queue.retain(|q| &q.ticket != w.ticket);
+            if let Some(queue) = chat.queue_if_any() {
+                queue.retain(|q| &q.ticket != w.ticket);
+            }
             if let Some(id) = w.message_id {
                 // A message that timed out may be delivered again and then handled.
-                if let Some(dedup) = chat.dedup.as_mut() {
+                if let Some(dedup) = chat.dedup_mut() {
                     dedup.give_up(id, w.ticket);
                 }
             }
@@ -450,7 +487,7 @@ impl Shard {
                 None => None,
             };
             if let Some(id) = handled
-                && let Some(dedup) = chat.dedup.as_mut()
+                && let Some(dedup) = chat.dedup_mut()
             {
                 dedup.handled(env.now, env.dedup_window, env.dedup_ids, id, lease.ticket);
             }
@@ -503,14 +540,15 @@ impl Shard {
         {
             pushes.push(g);
         }
+        let waits = chat.queue().iter().any(|q| &q.ticket == w.ticket);
         let state = match chat.holder.as_mut() {
             // This ticket, or another of its replica's (see `TicketState::Granted`).
             Some(h) if h.ticket.replica == w.ticket.replica => {
                 // Renewed, as the holder's renewal would (see `Coordinator::renew`).
                 h.lease_until = h.lease_until.max(env.now_ns.saturating_add(env.ttl_ns));
-                TicketState::Granted(grant_of(h))
+                TicketState::Granted(grant_of(h, &chat.previous))
             }
-            _ if chat.queue.iter().any(|q| &q.ticket == w.ticket) => TicketState::Waiting,
+            _ if waits => TicketState::Waiting,
             _ => TicketState::Lapsed,
         };
         chat.mark_if_idle(env);
@@ -522,7 +560,9 @@ impl Shard {
     /// tickets leave the queues, its leases are released, and each chat moves on.
     pub(crate) fn detach(&mut self, env: &Env<'_>, replica: &ReplicaId, pushes: &mut ChatPushes) {
         for (id, chat) in self.chats.iter_mut() {
-            chat.queue.retain(|q| &q.ticket.replica != replica);
+            if let Some(queue) = chat.queue_if_any() {
+                queue.retain(|q| &q.ticket.replica != replica);
+            }
             if chat
                 .holder
                 .as_ref()
@@ -535,7 +575,7 @@ impl Shard {
                 });
             }
             if let Some(g) = settle(env, chat) {
-                pushes.push((id.clone(), g));
+                pushes.push((id.to_string(), g));
             }
             chat.mark_if_idle(env);
         }
