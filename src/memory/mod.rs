@@ -28,6 +28,7 @@ use crate::coordinator::{
     stored_name,
 };
 
+mod chat_map;
 mod dedup;
 mod table;
 

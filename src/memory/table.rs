@@ -13,6 +13,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use super::chat_map::{ChatHasher, ChatMap};
 use super::dedup::{Claim, Dedup};
 
 use crate::coordinator::{
@@ -70,11 +71,20 @@ impl Env<'_> {
 /// One shard of chats: the backend keeps several, each under its own lock.
 #[derive(Default)]
 pub(crate) struct Shard {
-    /// Keyed by the stored chat name, boxed rather than a `String`: 8 bytes less in
-    /// every entry of a map that keeps idle chats for their history.
-    chats: HashMap<Box<str>, ChatState>,
-    /// Size of `chats` at which expired idle chats are swept next.
+    /// Hashes a chat's name once per operation, for both maps of chats.
+    hasher: ChatHasher,
+    /// The chats held or waited for (and idle ones until the next sweep).
+    chats: ChatMap<ChatState>,
+    /// Size of `chats` at which its idle chats move to `history` next.
     sweep_at: usize,
+    /// Idle chats' last holders, until their history runs out: all an idle chat
+    /// leaves (a 48-byte entry and its name), in a map of its own so that `chats` stays
+    /// the size of the active chats. When full entries of every chat seen stayed in
+    /// `chats`, each new chat paid a share of that map's growth, copied into fresh
+    /// memory whose first touch is a page fault: most of a new chat's time.
+    history: ChatMap<Past>,
+    /// Size of `history` at which expired entries are dropped next.
+    history_sweep_at: usize,
     /// Conversation checkpoints by chat; kept apart from `chats` because they outlive
     /// an idle chat's history by far.
     checkpoints: HashMap<String, Checkpoint>,
@@ -82,16 +92,27 @@ pub(crate) struct Shard {
     checkpoints_sweep_at: usize,
 }
 
+/// An idle chat's memory of its last holder (see [`Shard::history`]).
+struct Past {
+    previous: Previous,
+    /// Until when it is remembered (ns, as `Env::now_ns`).
+    until: u64,
+}
+
+/// The least size of `chats` at which idle chats move to `history`: a few dozen
+/// entries per shard stay in cache, and a chat going idle and active again in between
+/// keeps its entry.
+const ACTIVE_FLOOR: usize = 64;
+
 struct Checkpoint {
     token: Token,
     data: String,
     expires: Instant,
 }
 
-/// One chat's entry, kept small (80 bytes): the table keeps every idle chat for its
-/// history, and each growth of a shard's map copies all entries into fresh memory,
-/// whose first touch is a page fault. What only a contended chat or one with message
-/// ids needs is in [`Extra`], made on first use.
+/// One active chat's entry (or an idle one's until the next sweep), kept small (80
+/// bytes): what only a contended chat or one with message ids needs is in [`Extra`],
+/// made on first use.
 struct ChatState {
     holder: Option<Holder>,
     /// Who held the chat before the present holder (the holder's grant's `previous`,
@@ -121,17 +142,6 @@ struct Extra {
 static NO_QUEUE: VecDeque<Queued> = VecDeque::new();
 
 impl ChatState {
-    fn new(now_ns: u64) -> Self {
-        // A chat's first state costs its name's copy alone: its queue and its duplicate
-        // check allocate on first use.
-        ChatState {
-            holder: None,
-            previous: None,
-            idle_until: now_ns,
-            extra: None,
-        }
-    }
-
     fn queue(&self) -> &VecDeque<Queued> {
         self.extra.as_ref().map_or(&NO_QUEUE, |e| &e.queue)
     }
@@ -284,12 +294,20 @@ impl Shard {
     /// Inspection of one chat (read-only) at `now_ns` (as `Env::now_ns`); `None` when
     /// the table has no state for it.
     pub(crate) fn view(&self, now_ns: u64, chat: &str) -> Option<ChatRow> {
-        self.chats.get(chat).map(|c| row(chat, c, now_ns))
+        let h = self.hasher.hash(chat);
+        match self.chats.get(h, chat) {
+            Some(c) => Some(row(chat, c, now_ns)),
+            None => self
+                .history
+                .get(h, chat)
+                .filter(|p| p.until >= now_ns)
+                .map(|p| (chat.to_owned(), None, 0, Some(p.previous.clone()))),
+        }
     }
 
     /// Inspection of every chat that is held or waited for (read-only).
     pub(crate) fn views(&self, now_ns: u64, out: &mut Vec<ChatRow>) {
-        for (name, c) in &self.chats {
+        for (name, c) in self.chats.iter() {
             let held = c.holder.as_ref().is_some_and(|h| h.lease_until >= now_ns);
             if held || !c.queue().is_empty() {
                 out.push(row(name, c, now_ns));
@@ -302,22 +320,66 @@ impl Shard {
         self.chats.values().filter(|c| !c.is_idle()).count()
     }
 
-    /// Expired idle chats (see [`ChatState::mark_if_idle`]) are swept when the map has
-    /// doubled since the last sweep: amortised O(1), and the map stays within twice
-    /// the live entries.
+    /// Idle chats (see [`ChatState::mark_if_idle`]) leave `chats` when it has doubled
+    /// since the last sweep: amortised O(1), and the map stays within twice the active
+    /// entries (or [`ACTIVE_FLOOR`]), so it stops growing and stays in cache. Their last
+    /// holder moves to `history` while it is remembered; a chat whose duplicate check
+    /// still remembers ids stays until that runs out too.
     fn sweep(&mut self, env: &Env<'_>) {
-        if self.chats.len() >= self.sweep_at {
-            let (now, now_ns) = (env.now, env.now_ns);
-            self.chats.retain(|_, c| {
-                !c.is_idle()
-                    || c.idle_until >= now_ns
-                    || c.extra
-                        .as_ref()
-                        .and_then(|e| e.dedup.as_ref())
-                        .is_some_and(|d| d.until >= now)
-            });
-            self.sweep_at = (self.chats.len() * 2).max(1024);
+        if self.chats.len() < self.sweep_at {
+            return;
         }
+        let (now, now_ns) = (env.now, env.now_ns);
+        let history = &mut self.history;
+        let idle = |c: &ChatState| {
+            c.is_idle()
+                && !c
+                    .extra
+                    .as_ref()
+                    .and_then(|e| e.dedup.as_ref())
+                    .is_some_and(|d| d.until >= now)
+        };
+        self.chats.take_if(idle, |h, name, c| {
+            if let Some(previous) = c.previous.filter(|_| c.idle_until >= now_ns) {
+                let until = c.idle_until;
+                history.insert_new(h, name, Past { previous, until });
+            }
+        });
+        self.sweep_at = (self.chats.len() * 2).max(ACTIVE_FLOOR);
+        if self.history.len() >= self.history_sweep_at {
+            self.history.retain(|p| p.until >= now_ns);
+            self.history_sweep_at = (self.history.len() * 2).max(1024);
+        }
+    }
+
+    /// `chat`'s entry, made for a chat not in `chats` with its last holder taken back
+    /// from `history` while remembered (and its name: only a chat never seen, or
+    /// forgotten, copies it).
+    fn entry(&mut self, now_ns: u64, chat: &str) -> &mut ChatState {
+        let h = self.hasher.hash(chat);
+        let history = &mut self.history;
+        self.chats.get_or_insert_with(h, chat, || {
+            let (name, previous, idle_until) = match history.remove(h, chat) {
+                Some((name, past)) if past.until >= now_ns => {
+                    (name, Some(past.previous), past.until)
+                }
+                Some((name, _)) => (name, None, now_ns),
+                None => (Box::from(chat), None, now_ns),
+            };
+            let state = ChatState {
+                holder: None,
+                previous,
+                idle_until,
+                extra: None,
+            };
+            (name, state)
+        })
+    }
+
+    /// `chat`'s entry, if it is in `chats`.
+    fn chat_mut(&mut self, chat: &str) -> Option<&mut ChatState> {
+        let h = self.hasher.hash(chat);
+        self.chats.get_mut(h, chat)
     }
 
     /// See [`Coordinator::enqueue`](crate::Coordinator::enqueue).
@@ -328,14 +390,7 @@ impl Shard {
         pushes: &mut Pushes,
     ) -> Enqueued {
         let now = env.now;
-        // One lookup for a known chat; the name is copied only for a new one.
-        let chat = match self.chats.get_mut(req.chat) {
-            Some(chat) => chat,
-            None => self
-                .chats
-                .entry(req.chat.into())
-                .or_insert_with(|| ChatState::new(env.now_ns)),
-        };
+        let chat = self.entry(env.now_ns, req.chat);
         // Idempotent per ticket: a ticket already holding or queued keeps its grant or
         // its place.
         if let Some(h) = chat.holder.as_ref().filter(|h| &h.ticket == req.ticket) {
@@ -405,14 +460,10 @@ impl Shard {
             return None;
         }
         let alive_until = (env.alive_until)(&req.ticket.replica).filter(|t| *t >= env.now_ns)?;
-        let chat = match self.chats.get_mut(req.chat) {
-            Some(chat) if !chat.is_idle() => return None,
-            Some(chat) => chat,
-            None => self
-                .chats
-                .entry(req.chat.into())
-                .or_insert_with(|| ChatState::new(env.now_ns)),
-        };
+        let chat = self.entry(env.now_ns, req.chat);
+        if !chat.is_idle() {
+            return None;
+        }
         if chat.idle_until < env.now_ns {
             // Idle past its history: forget the previous holder, as `enqueue` does.
             chat.previous = None;
@@ -427,7 +478,7 @@ impl Shard {
         w: &Waiting<'_>,
         pushes: &mut Pushes,
     ) -> Option<Grant> {
-        let chat = self.chats.get_mut(w.chat)?;
+        let chat = self.chat_mut(w.chat)?;
         if let Some(g) = settle(env, chat)
             && &g.ticket != w.ticket
         {
@@ -462,7 +513,7 @@ impl Shard {
         handled: Option<&str>,
         pushes: &mut Pushes,
     ) -> Released {
-        let Some(chat) = self.chats.get_mut(lease.chat) else {
+        let Some(chat) = self.chat_mut(lease.chat) else {
             return Released::Lost;
         };
         // Ours while no other grant was made since: a lease that ran out with nobody
@@ -505,11 +556,7 @@ impl Shard {
 
     /// Extends a held lease by one TTL; `false` when it is no longer held.
     pub(crate) fn renew(&mut self, env: &Env<'_>, lease: &HeldLease<'_>) -> bool {
-        match self
-            .chats
-            .get_mut(lease.chat)
-            .and_then(|c| c.holder.as_mut())
-        {
+        match self.chat_mut(lease.chat).and_then(|c| c.holder.as_mut()) {
             Some(h)
                 if &h.ticket == lease.ticket
                     && h.token == lease.token
@@ -532,7 +579,7 @@ impl Shard {
     ) -> TicketState {
         // This backend never loses data: a ticket it does not know was skipped (its
         // replica's liveness lapsed) or already resolved.
-        let Some(chat) = self.chats.get_mut(w.chat) else {
+        let Some(chat) = self.chat_mut(w.chat) else {
             return TicketState::Lapsed;
         };
         if let Some(g) = settle(env, chat)
@@ -595,7 +642,7 @@ impl Shard {
         // latest one whose lease ran out, is refused.
         let held = self
             .chats
-            .get(chat)
+            .get(self.hasher.hash(chat), chat)
             .and_then(|c| c.holder.as_ref())
             .is_some_and(|h| h.token == token && h.lease_until >= now_ns);
         let stored = self

@@ -403,3 +403,78 @@ fn grant_if_free_grants_only_a_free_chat_and_changes_nothing_else() {
     assert!(again.token > next[0].token);
     assert_eq!(again.previous.map(|p| p.replica), Some(Arc::from("b")));
 }
+
+#[test]
+fn idle_chats_leave_the_active_map_and_keep_their_last_holder_for_the_history() {
+    let mut f = Fixture::new();
+    let held = granted(f.enqueue("held", &ticket("b", 1), None));
+    let mut first = Vec::new();
+    for i in 0..1000 {
+        let chat = format!("c{i}");
+        let g = granted(f.enqueue(&chat, &ticket("a", i), None));
+        assert_eq!(
+            f.release(&chat, &g, None),
+            Released::Released { next: None }
+        );
+        first.push(g);
+    }
+    // The active map stops growing with the chats seen; the held chat stays in it.
+    assert!(
+        f.shard.chats.len() <= ACTIVE_FLOOR,
+        "{}",
+        f.shard.chats.len()
+    );
+    assert!(
+        f.shard
+            .chats
+            .get(f.shard.hasher.hash("held"), "held")
+            .is_some()
+    );
+    assert!(f.renew("held", &held));
+    // Inspection and the next grant of every idle chat still name its last holder.
+    let seen = f.op(|s, env, _| s.view(env.now_ns, "c7"));
+    let previous = seen.and_then(|(_, holder, queued, previous)| {
+        assert!(holder.is_none() && queued == 0);
+        previous
+    });
+    assert_eq!(previous.map(|p| p.token), Some(first[7].token));
+    for (i, g) in first.iter().enumerate() {
+        let chat = format!("c{i}");
+        let again = granted(f.enqueue(&chat, &ticket("b", 10 + i as u64), None));
+        let expected = Previous {
+            replica: Arc::from("a"),
+            token: g.token,
+        };
+        assert_eq!(again.previous, Some(expected), "{chat}");
+        assert_eq!(
+            f.release(&chat, &again, None),
+            Released::Released { next: None }
+        );
+    }
+    // Past the history they are forgotten, and dropped from memory as new chats come.
+    f.clock.advance(Duration::from_secs(3601));
+    f.heartbeat("a");
+    assert_eq!(
+        granted(f.enqueue("c0", &ticket("a", 5000), None)).previous,
+        None
+    );
+    for i in 0..2100 {
+        let chat = format!("n{i}");
+        let g = granted(f.enqueue(&chat, &ticket("a", 6000 + i), None));
+        assert_eq!(
+            f.release(&chat, &g, None),
+            Released::Released { next: None }
+        );
+    }
+    let kept = (1..1000)
+        .map(|i| format!("c{i}"))
+        .filter(|c| f.shard.history.get(f.shard.hasher.hash(c), c).is_some())
+        .count();
+    assert_eq!(kept, 0, "expired history entries are dropped");
+    assert!(
+        f.shard
+            .history
+            .get(f.shard.hasher.hash("n5"), "n5")
+            .is_some()
+    );
+}

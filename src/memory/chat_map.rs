@@ -1,0 +1,181 @@
+//! A map from chat names that keeps each name's hash in its entry.
+//!
+//! The table of a shard keeps every chat it knows, often far more than are active. A
+//! map that hashed its keys again when it grew would read each name once more (a
+//! pointer chase per entry, a cache miss on a large map); with the hash stored, growth
+//! moves entries without looking at their names. The hash is computed once per
+//! operation ([`ChatHasher::hash`]) and serves every map of the shard, and a
+//! get-or-insert probes once. This is `hashbrown`'s `HashTable`, the building block of
+//! std's `HashMap`, used for exactly this.
+
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
+
+/// Hashes chat names for the maps of one shard (foldhash, randomly seeded per shard:
+/// far cheaper than SipHash on short keys, and not predictable from outside).
+#[derive(Default)]
+pub(crate) struct ChatHasher(foldhash::fast::RandomState);
+
+impl ChatHasher {
+    /// The hash of `name`, for every [`ChatMap`] of this hasher's shard.
+    pub(crate) fn hash(&self, name: &str) -> NameHash {
+        NameHash(self.0.hash_one(name))
+    }
+}
+
+/// A chat name's hash by its shard's [`ChatHasher`].
+#[derive(Clone, Copy)]
+pub(crate) struct NameHash(u64);
+
+struct Entry<V> {
+    /// The name's hash, so that growth never hashes a name again.
+    hash: u64,
+    name: Box<str>,
+    value: V,
+}
+
+/// A map from chat names (stored as `Box<str>`, 16 bytes) to `V`. Every call takes the
+/// name's [`NameHash`] from the shard's hasher; a hash from another hasher finds
+/// nothing (no panic, no wrong entry: names are still compared).
+pub(crate) struct ChatMap<V> {
+    table: HashTable<Entry<V>>,
+}
+
+impl<V> Default for ChatMap<V> {
+    fn default() -> Self {
+        ChatMap {
+            table: HashTable::new(),
+        }
+    }
+}
+
+fn rehash<V>(e: &Entry<V>) -> u64 {
+    e.hash
+}
+
+impl<V> ChatMap<V> {
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    pub(crate) fn get(&self, h: NameHash, name: &str) -> Option<&V> {
+        self.table.find(h.0, |e| &*e.name == name).map(|e| &e.value)
+    }
+
+    pub(crate) fn get_mut(&mut self, h: NameHash, name: &str) -> Option<&mut V> {
+        self.table
+            .find_mut(h.0, |e| &*e.name == name)
+            .map(|e| &mut e.value)
+    }
+
+    /// Removes `name`'s entry; returns its stored name (to move into another map
+    /// without a copy) and value.
+    pub(crate) fn remove(&mut self, h: NameHash, name: &str) -> Option<(Box<str>, V)> {
+        let found = self.table.find_entry(h.0, |e| &*e.name == name).ok()?;
+        let (e, _) = found.remove();
+        Some((e.name, e.value))
+    }
+
+    /// `name`'s value, made by `make` (with the name to store) when the map has none:
+    /// one probe either way.
+    pub(crate) fn get_or_insert_with(
+        &mut self,
+        h: NameHash,
+        name: &str,
+        make: impl FnOnce() -> (Box<str>, V),
+    ) -> &mut V {
+        match self.table.entry(h.0, |e| &*e.name == name, rehash) {
+            hashbrown::hash_table::Entry::Occupied(e) => &mut e.into_mut().value,
+            hashbrown::hash_table::Entry::Vacant(e) => {
+                let (name, value) = make();
+                let entry = Entry {
+                    hash: h.0,
+                    name,
+                    value,
+                };
+                &mut e.insert(entry).into_mut().value
+            }
+        }
+    }
+
+    /// Inserts an entry for a name the map does not hold (the caller looked first).
+    pub(crate) fn insert_new(&mut self, h: NameHash, name: Box<str>, value: V) -> &mut V {
+        let e = Entry {
+            hash: h.0,
+            name,
+            value,
+        };
+        &mut self.table.insert_unique(h.0, e, rehash).into_mut().value
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &V)> {
+        self.table.iter().map(|e| (&*e.name, &e.value))
+    }
+
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut V)> {
+        self.table.iter_mut().map(|e| (&*e.name, &mut e.value))
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
+        self.table.iter().map(|e| &e.value)
+    }
+
+    /// Keeps the entries for which `keep` is true.
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&mut V) -> bool) {
+        self.table.retain(|e| keep(&mut e.value));
+    }
+
+    /// Removes the entries for which `take` is true and hands each to `moved`, with
+    /// its hash and stored name (to move into another map of the shard).
+    pub(crate) fn take_if(
+        &mut self,
+        mut take: impl FnMut(&V) -> bool,
+        mut moved: impl FnMut(NameHash, Box<str>, V),
+    ) {
+        for e in self.table.extract_if(|e| take(&e.value)) {
+            moved(NameHash(e.hash), e.name, e.value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_survive_growth_and_move_between_maps_by_their_stored_hash() {
+        let hasher = ChatHasher::default();
+        let mut a: ChatMap<u32> = ChatMap::default();
+        let mut b: ChatMap<u32> = ChatMap::default();
+        for i in 0..5000u32 {
+            let name = format!("chat-{i}");
+            let h = hasher.hash(&name);
+            assert!(a.get(h, &name).is_none());
+            *a.insert_new(h, name.into(), i) += 1;
+        }
+        assert_eq!(a.len(), 5000);
+        a.take_if(
+            |v| v % 2 == 0,
+            |h, name, v| {
+                b.insert_new(h, name, v);
+            },
+        );
+        assert_eq!((a.len(), b.len()), (2500, 2500));
+        for i in 0..5000u32 {
+            let name = format!("chat-{i}");
+            let h = hasher.hash(&name);
+            let (here, there) = if (i + 1) % 2 == 0 { (&b, &a) } else { (&a, &b) };
+            assert_eq!(here.get(h, &name), Some(&(i + 1)), "{name}");
+            assert_eq!(there.get(h, &name), None, "{name}");
+        }
+        let h = hasher.hash("chat-1");
+        let (name, v) = b.remove(h, "chat-1").expect("moved to b");
+        assert_eq!((&*name, v), ("chat-1", 2));
+        assert!(b.remove(h, "chat-1").is_none());
+        b.retain(|v| *v < 100);
+        assert!(b.values().all(|v| *v < 100));
+        // A hash of another name never finds this one.
+        assert_eq!(a.get(hasher.hash("chat-3"), "chat-2"), None);
+    }
+}
