@@ -333,11 +333,11 @@ impl Shard {
         let history = &mut self.history;
         let idle = |c: &ChatState| {
             c.is_idle()
-                && !c
+                && c
                     .extra
                     .as_ref()
                     .and_then(|e| e.dedup.as_ref())
-                    .is_some_and(|d| d.until >= now)
+                    .is_none_or(|d| d.until < now)
         };
         self.chats.take_if(idle, |h, name, c| {
             if let Some(previous) = c.previous.filter(|_| c.idle_until >= now_ns) {

@@ -432,9 +432,12 @@ impl Inner {
                     if metered {
                         inc(&self.metrics.accepted);
                     }
-                    // The lease started after this request was sent.
+                    // The lease started after this request was sent. The turn did not
+                    // wait: it never had a place in a queue (and a clock read to time
+                    // the call would be a tenth of the in-process turn's cost).
+                    let valid_until = sent + self.trusted;
                     let turn =
-                        self.new_turn(chat_arc, None, since, grant, false, sent + self.trusted);
+                        self.new_turn(chat_arc, None, Duration::ZERO, grant, false, valid_until);
                     return Ok(Placed {
                         turn: on_grant.take_turn(turn),
                         ..placed(Accepted::Queued, None)

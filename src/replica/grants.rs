@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::client::{Ending, Inner, NoTurn, Waiter};
 use super::lease::{TurnState, clock_ns, period};
@@ -223,7 +223,8 @@ impl Inner {
         queued: bool,
         valid_until: Instant,
     ) -> (Turn, Ending) {
-        let turn = self.new_turn(w.chat, w.message_id, w.since, grant, queued, valid_until);
+        let waited = self.clock.now().saturating_duration_since(w.since);
+        let turn = self.new_turn(w.chat, w.message_id, waited, grant, queued, valid_until);
         (turn, w.on_grant)
     }
 
@@ -233,12 +234,11 @@ impl Inner {
         self: &Arc<Self>,
         chat: Arc<str>,
         message_id: Option<Arc<str>>,
-        since: Instant,
+        waited: Duration,
         grant: Grant,
         queued: bool,
         valid_until: Instant,
     ) -> Turn {
-        let waited = self.clock.now().saturating_duration_since(since);
         let state = Arc::new(TurnState {
             chat,
             ticket: grant.ticket,

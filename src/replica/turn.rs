@@ -90,7 +90,9 @@ impl Turn {
             .is_some_and(|p| p.replica != self.state.ticket.replica)
     }
 
-    /// How long the message waited for this turn, from intake to grant.
+    /// How long the message waited for this turn, from intake to grant. Zero for a
+    /// turn the backend granted in its uncontended path, without a place in the queue
+    /// (the memory backend's free chat, asked without a message id).
     pub fn waited(&self) -> Duration {
         self.state.waited
     }
