@@ -11,9 +11,10 @@
 //!
 //! The URL may also come from the environment (`--redis-url-env VAR`), so the password
 //! stays off the command line. `--json` prints
-//! `{"held": [{"chat", "holder", "token", "lease_ms_left", "queued"}…], "replicas": […],
-//! "leaders": [{"provider", "holder", "token"}…], "truncated": bool}`; with `--chat` the
-//! `held` list has that one chat (its `holder` null when free) and `previous`.
+//! `{"chats": [{"chat", "holder", "token", "lease_ms_left", "queued"}…], "replicas": […],
+//! "leaders": [{"provider", "holder", "token"}…], "truncated": bool}`: the chats held or
+//! waited for; with `--chat` the `chats` list has that one chat (its `holder` null when
+//! free) and `previous`.
 //! Exit status: 0 done, 1 Redis failed, 2 bad command line.
 
 #![forbid(unsafe_code)]
@@ -177,7 +178,7 @@ fn chat_json(v: &ChatView, one: bool) -> Value {
 
 fn to_json(m: &MeshView, one: bool) -> Value {
     json!({
-        "held": m.chats.iter().map(|v| chat_json(v, one)).collect::<Vec<_>>(),
+        "chats": m.chats.iter().map(|v| chat_json(v, one)).collect::<Vec<_>>(),
         "replicas": m.replicas.iter().map(|r| r.to_string()).collect::<Vec<_>>(),
         "leaders": m.leaders.iter().map(|l| json!({
             "provider": l.provider,
@@ -237,7 +238,11 @@ fn table(m: &MeshView, one: bool) -> String {
         out,
         "replicas ({}): {}",
         m.replicas.len(),
-        m.replicas.join(", ")
+        if m.replicas.is_empty() {
+            "none".to_owned()
+        } else {
+            m.replicas.join(", ")
+        }
     );
     for l in &m.leaders {
         let _ = match &l.holder {

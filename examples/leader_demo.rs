@@ -4,7 +4,7 @@
 //! The demo starts its own `redis-server` on a free loopback port (or uses
 //! `--redis-url`), a test messaging platform that allows one session at a time and
 //! counts a conflict whenever a newer session replaces a live one (as WhatsApp Web's
-//! "replaced" or Telegram's `409 Conflict` would), and three replica processes (this
+//! "replaced" or Telegram's `409 Conflict` would), and four replica processes (this
 //! program re-executed with `--child`) whose one provider is exclusive. Then it:
 //!
 //! 1. waits for a leader to connect, and checks a message round trip through it;

@@ -58,6 +58,14 @@ impl fmt::Display for Reason {
 /// | `backend` | true | the handler ran; the release could not reach the coordinator (the lease lapses by TTL) | as for `lost` with the handler started |
 /// | `invalid` | false | nothing: refused at intake | fix the input; a retry fails the same way |
 ///
+/// The lock API ([`Replica::acquire`](crate::Replica::acquire) and its kin) reports
+/// through the same type: `timeout` when the wait of `acquire_timeout` passed (or, for
+/// `try_acquire`, the chat was held), `invalid` for an empty or over-long chat id,
+/// `shutting_down` and `backend` as above; [`Turn::release`](crate::Turn::release)
+/// reports `lost` or `backend` with `handler_started` set, since the holder's work ran.
+/// (`invalid` is not about the coordinator: the one type keeps every refusal in one
+/// place, named by its `reason`.)
+///
 /// Constructed only by the crate (`#[non_exhaustive]`): read its fields.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -136,24 +144,25 @@ impl fmt::Display for CoordinationUnavailableError {
                 .detail
                 .as_deref()
                 .unwrap_or("an input limit was broken");
-            return write!(f, "{what} was refused at intake: {detail}");
+            return write!(f, "{what} was refused: {detail}");
         }
         let why = match (self.reason, self.handler_started) {
             (Reason::Timeout, _) => {
-                "the chat's turn did not come within the allowed wait (turn_wait, or the timeout \
-                 given to Replica::acquire_timeout)"
+                "the chat's turn did not come within the allowed wait (the bot's turn_wait, the \
+                 timeout given to Replica::acquire_timeout, or none for Replica::try_acquire)"
             }
             (Reason::Lost, false) => {
-                "the chat's turn was lost before its handler started (lease expired or taken over)"
+                "the chat's turn was lost before its work started (lease expired or taken over, \
+                 or the replica stopped)"
             }
             (Reason::Lost, true) => {
-                "the chat's turn was lost while its handler ran (lease expired or taken over); \
-                 the handler had run, so its replies may be out"
+                "the chat's turn was lost while it was held (lease expired or taken over, or the \
+                 replica stopped); the work under it had started, so its effects (replies) may be out"
             }
             (Reason::Backend, false) => "the coordinator could not be reached",
             (Reason::Backend, true) => {
-                "the coordinator could not be reached to release the turn; the handler had \
-                 run, so its replies may be out"
+                "the coordinator could not be reached to release the turn; the work under it \
+                 had started, so its effects (replies) may be out"
             }
             (Reason::ShuttingDown, _) => "the replica was shutting down",
             (Reason::Invalid, _) => "an input limit was broken",

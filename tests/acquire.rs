@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use botmesh::{MemoryCoordinator, Reason, Replica};
+use botmesh::{MemoryCoordinator, MemoryOptions, Reason, Replica};
 
 fn two_replicas() -> (Replica, Replica) {
     let c = Arc::new(MemoryCoordinator::new());
@@ -73,4 +73,32 @@ fn acquire_timeout_and_deadline_give_up_with_timeout() {
     t.release().expect("release");
     a.shutdown();
     b.shutdown();
+}
+
+#[test]
+fn a_replica_refuses_a_coordinator_whose_lease_is_too_short_to_keep() {
+    let short = Arc::new(MemoryCoordinator::with_settings(
+        Duration::from_millis(1),
+        Duration::ZERO,
+    ));
+    match Replica::start("r1", short) {
+        Ok(_) => panic!("a 1 ms lease cannot be kept by renewals every TTL/3"),
+        Err(e) => assert!(e.to_string().contains("lease TTL is 1ms"), "{e}"),
+    }
+    let least = Arc::new(MemoryCoordinator::with_settings(
+        MemoryOptions::MIN_LEASE_TTL,
+        Duration::ZERO,
+    ));
+    assert!(Replica::start("r1", least).is_ok());
+}
+
+#[test]
+fn a_turn_released_after_its_replica_stopped_reports_lost_while_held() {
+    let (a, _b) = two_replicas();
+    let turn = a.acquire("chat").expect("free");
+    a.shutdown();
+    let e = turn.release().expect_err("the replica stopped under it");
+    assert_eq!(e.reason, Reason::Lost);
+    assert!(e.handler_started, "the holder's work ran: {e}");
+    assert!(e.to_string().contains("lost while it was held"), "{e}");
 }

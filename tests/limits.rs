@@ -33,7 +33,7 @@ fn empty_and_oversized_ids_are_refused_at_intake_naming_the_field_and_limit() {
     assert!(!e.handler_started);
     assert_eq!(
         e.to_string(),
-        "work on chat \"\" was refused at intake: chat: the chat id is empty; every message needs its chat's id"
+        "work on chat \"\" was refused: chat: the chat id is empty; every message needs its chat's id"
     );
     let long = "c".repeat(MAX_CHAT_ID_BYTES + 1);
     let e = intake

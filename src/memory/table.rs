@@ -333,8 +333,7 @@ impl Shard {
         let history = &mut self.history;
         let idle = |c: &ChatState| {
             c.is_idle()
-                && c
-                    .extra
+                && c.extra
                     .as_ref()
                     .and_then(|e| e.dedup.as_ref())
                     .is_none_or(|d| d.until < now)

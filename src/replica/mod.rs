@@ -72,13 +72,25 @@ impl Replica {
     /// threads.
     ///
     /// # Errors
-    /// [`BackendError`] when the coordinator cannot be reached, or when a thread cannot
-    /// be spawned.
+    /// [`BackendError`] when the coordinator cannot be reached, when a thread cannot
+    /// be spawned, when `id` is empty or holds a NUL, when another live replica uses
+    /// `id` (or one that crashed less than a TTL ago), or when the coordinator's lease
+    /// TTL is under [`MemoryOptions::MIN_LEASE_TTL`](crate::MemoryOptions::MIN_LEASE_TTL)
+    /// (10 ms: renewed every TTL/3, a shorter lease would be lost between renewals),
+    /// as `Bot::build` and the configuration refuse it.
     pub fn start(
         id: impl Into<String>,
         coordinator: Arc<dyn Coordinator>,
     ) -> Result<Replica, BackendError> {
-        let drift = default_drift(coordinator.lease_ttl());
+        let ttl = coordinator.lease_ttl();
+        let least = crate::MemoryOptions::MIN_LEASE_TTL;
+        if ttl < least {
+            return Err(BackendError::new(format!(
+                "the coordinator's lease TTL is {ttl:?}, under the least a replica can keep \
+                 ({least:?}: leases are renewed every TTL/3)"
+            )));
+        }
+        let drift = default_drift(ttl);
         Self::start_with(id.into(), coordinator, Arc::default(), true, drift)
     }
 
@@ -131,9 +143,14 @@ impl Replica {
     /// (like crossbeam-channel's `recv`); see [`Replica::acquire_timeout`] for a
     /// bounded wait.
     ///
+    /// Not re-entrant: a replica asking again for a chat it holds queues behind its
+    /// own turn, so `acquire` blocks until that turn is released (from another
+    /// thread). Each ask is one place in the chat's FIFO queue.
+    ///
     /// # Errors
     /// [`CoordinationUnavailableError`] with reason `backend` when the coordinator
-    /// could not be reached, `shutting_down` when the replica is stopping.
+    /// could not be reached, `shutting_down` when the replica is stopping, `invalid`
+    /// when `chat` is empty or over [`MAX_CHAT_ID_BYTES`](crate::MAX_CHAT_ID_BYTES).
     pub fn acquire(&self, chat: &str) -> Result<Turn, CoordinationUnavailableError> {
         self.acquire_for(chat, Duration::MAX)
     }
@@ -143,8 +160,9 @@ impl Replica {
     ///
     /// # Errors
     /// [`CoordinationUnavailableError`] with reason `timeout` when the chat is held
-    /// or others wait for it, `backend` when the coordinator could not be reached,
-    /// `shutting_down` when the replica is stopping.
+    /// (by this replica too) or others wait for it, `backend` when the coordinator
+    /// could not be reached, `shutting_down` when the replica is stopping, `invalid`
+    /// for a bad chat id (as for [`Replica::acquire`]).
     pub fn try_acquire(&self, chat: &str) -> Result<Turn, CoordinationUnavailableError> {
         self.acquire_for(chat, Duration::ZERO)
     }
@@ -152,9 +170,10 @@ impl Replica {
     /// Waits for `chat`'s turn for at most `timeout`.
     ///
     /// # Errors
-    /// [`CoordinationUnavailableError`] with reason `timeout` when the wait ran out,
+    /// [`CoordinationUnavailableError`] with reason `timeout` when the wait ran out
+    /// (also when this replica holds the chat itself: see [`Replica::acquire`]),
     /// `backend` when the coordinator could not be reached, `shutting_down` when the
-    /// replica is stopping.
+    /// replica is stopping, `invalid` for a bad chat id.
     pub fn acquire_timeout(
         &self,
         chat: &str,

@@ -110,11 +110,18 @@ impl Turn {
     ///
     /// # Errors
     /// [`CoordinationUnavailableError`] with reason `lost` when the lease had been lost
-    /// before the release, or `backend` when the coordinator could not be reached (the
-    /// lease then expires after its TTL).
+    /// before the release (it expired, another replica took the chat, or this replica
+    /// was shut down or aborted while the turn was held), or `backend` when the
+    /// coordinator could not be reached (the lease then expires after its TTL). Either
+    /// has `handler_started` set: whatever was done under the turn may be out.
     pub fn release(mut self) -> Result<(), CoordinationUnavailableError> {
         self.done = true;
-        self.owner.clone().release(&self.state, None)
+        // The holder's work ran under the turn: its effects may be out, whatever the
+        // release found (`handler_started`).
+        self.owner
+            .clone()
+            .release(&self.state, None)
+            .map_err(CoordinationUnavailableError::after_handler)
     }
 
     /// Releases after the message was handled, making its duplicate claim final.
