@@ -52,7 +52,9 @@
 //! the turn at p50 and p99 from the exact per-message waits). With `--json` the last
 //! line on stdout is one JSON record in the shape of the project's benchmark records
 //! (`"workload": "replay"`). With `--log PATH` every update that ends adds one JSON
-//! line to PATH, written by one thread so the workers never wait on the disk:
+//! line to PATH, written by one thread so the workers never wait on the disk (it
+//! writes out whenever it has caught up, so a run stopped by SIGTERM or SIGINT, which
+//! exits with no report, leaves whole lines for every update that ended before):
 //!
 //! ```text
 //! {"event":"handled","update_id":8,"chat":"-1003219","message_id":3,"replica":"r2","fence":9,"start_us":…,"end_us":…}

@@ -265,7 +265,26 @@ fn write_log(
 ) -> Result<u64, String> {
     let mut lines = 0u64;
     let mut failure: Option<String> = None;
-    for msg in rx {
+    loop {
+        let msg = match rx.try_recv() {
+            Ok(msg) => msg,
+            Err(crossbeam_channel::TryRecvError::Disconnected) => break,
+            Err(crossbeam_channel::TryRecvError::Empty) => {
+                // Written out whenever nothing more is queued, so a run stopped by a
+                // signal (the process exits without a report) leaves its log whole up
+                // to the lines still on their way; under load lines still go out in
+                // large writes.
+                if failure.is_none()
+                    && let Err(e) = out.flush()
+                {
+                    failure = Some(format!("--log: cannot write {}: {e}", path.display()));
+                }
+                match rx.recv() {
+                    Ok(msg) => msg,
+                    Err(_) => break,
+                }
+            }
+        };
         let (index, ending, redelivered) = match msg {
             LogMsg::Finish => break,
             LogMsg::Record(record) => {
