@@ -44,7 +44,10 @@
 //! - **drops**: each `dropped` must be explained by a fault (`chaos/judge.rs` has the
 //!   rules: which fault may cause which reason, on which replica, in which window), or
 //!   by a stall of the link that the probe saw (`chaos/probe.rs`: a ping to Redis
-//!   through the proxy slower than the renewal period); the rest are unexplained.
+//!   through the proxy slower than the renewal period); the rest are unexplained;
+//! - **late**: updates that ended more than `turn_wait` + 5 s after their latest
+//!   delivery (a wait ends by its deadline whatever the faults; the 5 s cover a
+//!   release held up by a paused Redis or a cut link).
 //!
 //! ## Output
 //!
@@ -63,8 +66,8 @@
 //! `{"event":"stall","start_us":…,"end_us":…}` for the probe's stalls, times in
 //! µs since the Unix epoch like the log's `at_us`, `start_us` and `end_us`), so an
 //! independent checker can redo the attribution. Exit status 0 when there were no
-//! violations, no silent losses and no unexplained drops (and every fault was
-//! injected), 1 otherwise, 2 when the command line or the set-up failed.
+//! violations, no silent losses, no unexplained drops and no late endings (and every
+//! fault was injected), 1 otherwise, 2 when the command line or the set-up failed.
 
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used)]

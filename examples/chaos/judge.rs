@@ -306,6 +306,8 @@ pub struct Summary {
     violations_during: BTreeMap<&'static str, u64>,
     /// What the link probe saw: its round trips and stalls (`probe.rs`).
     probe: ProbeStats,
+    /// Updates whose first ending came more than `turn_wait` + 5 s after their
+    /// latest delivery: a wait that outran its bound fails the verdict.
     late: u64,
     slowest_ms: u128,
     wall_s: f64,
@@ -367,6 +369,7 @@ pub fn summary(i: &Inputs<'_>) -> Summary {
         && f.silent.is_empty()
         && i.verdict.unexplained.is_empty()
         && f.counts.failed == 0
+        && f.late == 0
         && i.failed_faults.is_empty()
         && i.faults.len() == i.o.faults
         && !f.stalled;
