@@ -11,6 +11,14 @@
 //! (strictly increasing per chat even after an idle chat's state was dropped), the
 //! [`Clock`], and pushing grants once no lock is held.
 //!
+//! Memory per chat: an active chat (held or waited for) is an entry of about 104 bytes
+//! plus its name (and its queue and duplicate check, made on first use). An idle chat
+//! leaves its name and last holder, a 56-byte entry plus the name, for [`HISTORY`]
+//! (1 h) after its release, so the next grant can name the previous holder (see
+//! [`Grant::previous`]); then nothing, once a later sweep passes. A chat whose
+//! duplicate check still remembers message ids keeps its full entry until the dedup
+//! window has passed too.
+//!
 //! [`Replica::abort`]: crate::Replica::abort
 
 use std::hash::BuildHasher;
