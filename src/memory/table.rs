@@ -164,13 +164,27 @@ impl ChatState {
     }
 
     /// A chat nobody holds or waits for keeps only who held it last, until `history`
-    /// has passed (like a Redis key with a TTL), so the next grant can still name the
-    /// previous holder. Its state stays in the map meanwhile, so a busy chat going
-    /// idle and active again costs no allocation (see [`Shard::sweep`]).
-    fn mark_if_idle(&mut self, env: &Env<'_>) {
-        if self.is_idle() {
+    /// has passed since it became idle (like a Redis key with a TTL), so the next
+    /// grant can still name the previous holder. `was_idle`: whether it was idle at
+    /// the start of the operation. A chat idle already keeps its end: a stale release
+    /// or a re-check touching it must not lengthen what it remembers, or that would
+    /// depend on whether a sweep had moved it to `history` meanwhile, where nothing
+    /// touches it (see [`Shard::sweep`]).
+    fn mark_if_idle(&mut self, env: &Env<'_>, was_idle: bool) {
+        if !was_idle && self.is_idle() {
             self.idle_until = env.now_ns.saturating_add(env.history_ns);
         }
+    }
+
+    /// Whether the entry must stay in `chats` though idle: its duplicate check still
+    /// remembers something that `history` cannot keep (its marks while the window runs,
+    /// and, while the chat's history runs, what it learned of the chat's ids, such as a
+    /// floor turned off for good, as Redis keeps the chat's state hash that long).
+    fn keeps_dedup(&self, now: Instant, now_ns: u64) -> bool {
+        self.extra
+            .as_ref()
+            .and_then(|e| e.dedup.as_ref())
+            .is_some_and(|d| d.until >= now || self.idle_until >= now_ns)
     }
 }
 
@@ -331,13 +345,7 @@ impl Shard {
         }
         let (now, now_ns) = (env.now, env.now_ns);
         let history = &mut self.history;
-        let idle = |c: &ChatState| {
-            c.is_idle()
-                && c.extra
-                    .as_ref()
-                    .and_then(|e| e.dedup.as_ref())
-                    .is_none_or(|d| d.until < now)
-        };
+        let idle = |c: &ChatState| c.is_idle() && !c.keeps_dedup(now, now_ns);
         self.chats.take_if(idle, |h, name, c| {
             if let Some(previous) = c.previous.filter(|_| c.idle_until >= now_ns) {
                 let until = c.idle_until;
@@ -390,6 +398,7 @@ impl Shard {
     ) -> Enqueued {
         let now = env.now;
         let chat = self.entry(env.now_ns, req.chat);
+        let was_idle = chat.is_idle();
         // Idempotent per ticket: a ticket already holding or queued keeps its grant or
         // its place.
         if let Some(h) = chat.holder.as_ref().filter(|h| &h.ticket == req.ticket) {
@@ -434,7 +443,7 @@ impl Shard {
             ticket: req.ticket.clone(),
             deadline: now + req.wait.min(FOREVER),
         });
-        match settle(env, chat) {
+        let answer = match settle(env, chat) {
             Some(g) if &g.ticket == req.ticket => Enqueued::Granted(g),
             Some(g) => {
                 // An earlier waiter got the turn because an old holder had expired.
@@ -442,7 +451,11 @@ impl Shard {
                 Enqueued::Queued
             }
             None => Enqueued::Queued,
-        }
+        };
+        // Idle after all (an expired holder settled, and the ticket skipped: its
+        // replica is detached): the history starts now.
+        chat.mark_if_idle(env, was_idle);
+        answer
     }
 
     /// See [`Coordinator::grant_if_free`](crate::Coordinator::grant_if_free): the
@@ -478,6 +491,7 @@ impl Shard {
         pushes: &mut Pushes,
     ) -> Option<Grant> {
         let chat = self.chat_mut(w.chat)?;
+        let was_idle = chat.is_idle();
         if let Some(g) = settle(env, chat)
             && &g.ticket != w.ticket
         {
@@ -499,7 +513,7 @@ impl Shard {
                 }
             }
         }
-        chat.mark_if_idle(env);
+        chat.mark_if_idle(env, was_idle);
         self.sweep(env);
         result
     }
@@ -515,6 +529,7 @@ impl Shard {
         let Some(chat) = self.chat_mut(lease.chat) else {
             return Released::Lost;
         };
+        let was_idle = chat.is_idle();
         // Ours while no other grant was made since: a lease that ran out with nobody
         // granted the chat after it still was the only one, so exclusion held, and the
         // Redis backend answers the same without reading its clock.
@@ -548,7 +563,7 @@ impl Shard {
             }
             Released::Lost
         };
-        chat.mark_if_idle(env);
+        chat.mark_if_idle(env, was_idle);
         self.sweep(env);
         result
     }
@@ -581,6 +596,7 @@ impl Shard {
         let Some(chat) = self.chat_mut(w.chat) else {
             return TicketState::Lapsed;
         };
+        let was_idle = chat.is_idle();
         if let Some(g) = settle(env, chat)
             && &g.ticket != w.ticket
         {
@@ -597,7 +613,7 @@ impl Shard {
             _ if waits => TicketState::Waiting,
             _ => TicketState::Lapsed,
         };
-        chat.mark_if_idle(env);
+        chat.mark_if_idle(env, was_idle);
         self.sweep(env);
         state
     }
@@ -606,6 +622,7 @@ impl Shard {
     /// tickets leave the queues, its leases are released, and each chat moves on.
     pub(crate) fn detach(&mut self, env: &Env<'_>, replica: &ReplicaId, pushes: &mut ChatPushes) {
         for (id, chat) in self.chats.iter_mut() {
+            let was_idle = chat.is_idle();
             if let Some(queue) = chat.queue_if_any() {
                 queue.retain(|q| &q.ticket.replica != replica);
             }
@@ -623,7 +640,7 @@ impl Shard {
             if let Some(g) = settle(env, chat) {
                 pushes.push((id.to_string(), g));
             }
-            chat.mark_if_idle(env);
+            chat.mark_if_idle(env, was_idle);
         }
         self.sweep(env);
     }

@@ -478,3 +478,91 @@ fn idle_chats_leave_the_active_map_and_keep_their_last_holder_for_the_history() 
             .is_some()
     );
 }
+
+/// Enqueues and releases `n` other chats: enough traffic for the shard to sweep.
+fn other_traffic(f: &mut Fixture, n: u64) {
+    for i in 0..n {
+        let chat = format!("other{i}");
+        let g = granted(f.enqueue(&chat, &ticket("c", 10_000 + i), None));
+        assert_eq!(
+            f.release(&chat, &g, None),
+            Released::Released { next: None }
+        );
+    }
+}
+
+/// Found by review: a sweep once dropped the duplicate check of a chat idle past the
+/// dedup window but inside its history, and with it the floor turned off for good.
+#[test]
+fn a_floor_turned_off_stays_off_whether_or_not_the_shard_swept() {
+    for sweep in [false, true] {
+        let mut f = Fixture::new();
+        other_traffic(&mut f, 1); // the first sweep is done: the next comes at 64 chats
+        // x's ids do not rise: 50 after 100 turns its floor off for good.
+        for (seq, id) in [(1, "100"), (2, "50")] {
+            let g = granted(f.enqueue("x", &ticket("a", seq), Some(id)));
+            assert_eq!(
+                f.release("x", &g, Some(id)),
+                Released::Released { next: None }
+            );
+        }
+        // A quiet spell past the dedup window but well inside the history (1 h).
+        f.clock.advance(DEDUP + Duration::from_secs(5));
+        f.heartbeat("a");
+        f.heartbeat("c");
+        if sweep {
+            other_traffic(&mut f, 80); // unrelated chats: the shard sweeps
+        }
+        // 97 handled ids: the oldest are forgotten (a floor would cover them).
+        for i in 0..97u64 {
+            let id = (1000 + i).to_string();
+            let g = granted(f.enqueue("x", &ticket("a", 100 + i), Some(&id)));
+            assert_eq!(
+                f.release("x", &g, Some(&id)),
+                Released::Released { next: None }
+            );
+        }
+        // A new message whose id is under the highest: its floor is off, so it runs.
+        let e = f.enqueue("x", &ticket("a", 999), Some("500"));
+        assert!(matches!(e, Enqueued::Granted(_)), "sweep={sweep}: {e:?}");
+    }
+}
+
+/// Found by review: a stale release of an idle chat once restarted its history, but
+/// only while the chat had not been swept into `history`.
+#[test]
+fn an_idle_chat_remembers_its_last_holder_for_the_history_from_its_release() {
+    for sweep in [false, true] {
+        let mut f = Fixture::new();
+        other_traffic(&mut f, 1); // the first sweep is done: the next comes at 64 chats
+        let g = granted(f.enqueue("x", &ticket("a", 1), None));
+        assert_eq!(f.release("x", &g, None), Released::Released { next: None });
+        if sweep {
+            other_traffic(&mut f, 80); // unrelated chats: the shard sweeps
+        }
+        f.clock.advance(Duration::from_secs(3000));
+        f.heartbeat("a");
+        // A late, stale release of x's old lease: lost, and x stays as it was.
+        assert_eq!(f.release("x", &g, None), Released::Lost);
+        f.clock.advance(Duration::from_secs(599));
+        f.heartbeat("b");
+        let within = granted(f.enqueue("x", &ticket("b", 1), None));
+        assert_eq!(
+            within.previous.as_ref().map(|p| p.token),
+            Some(g.token),
+            "sweep={sweep}"
+        );
+        assert_eq!(
+            f.release("x", &within, None),
+            Released::Released { next: None }
+        );
+        // Another stale release later on, then the history since b's release runs out.
+        f.clock.advance(Duration::from_secs(2000));
+        f.heartbeat("a");
+        assert_eq!(f.release("x", &g, None), Released::Lost);
+        f.clock.advance(Duration::from_secs(1601));
+        f.heartbeat("a");
+        let after = granted(f.enqueue("x", &ticket("a", 2), None));
+        assert_eq!(after.previous, None, "sweep={sweep}");
+    }
+}
