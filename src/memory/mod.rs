@@ -15,9 +15,9 @@
 //! plus its name (and its queue and duplicate check, made on first use). An idle chat
 //! leaves its name and last holder, a 56-byte entry plus the name, for [`HISTORY`]
 //! (1 h) after its release, so the next grant can name the previous holder (see
-//! [`Grant::previous`]); then nothing, once a later sweep passes. A chat whose
-//! duplicate check still remembers message ids keeps its full entry until the dedup
-//! window has passed too.
+//! [`Grant::previous`]); then nothing, once a later sweep passes. A chat that had
+//! message ids keeps its full entry, duplicate check included, for the longer of the
+//! history and the dedup window, as the Redis backend keeps a chat's state hash.
 //!
 //! [`Replica::abort`]: crate::Replica::abort
 
