@@ -78,7 +78,7 @@ pub(crate) struct Shard {
     /// Size of `chats` at which its idle chats move to `history` next.
     sweep_at: usize,
     /// Idle chats' last holders, until their history runs out: all an idle chat
-    /// leaves (a 48-byte entry and its name), in a map of its own so that `chats` stays
+    /// leaves (a 56-byte entry and its name), in a map of its own so that `chats` stays
     /// the size of the active chats. When full entries of every chat seen stayed in
     /// `chats`, each new chat paid a share of that map's growth, copied into fresh
     /// memory whose first touch is a page fault: most of a new chat's time.
@@ -133,8 +133,9 @@ struct ChatState {
 struct Extra {
     queue: VecDeque<Queued>,
     /// Duplicate suppression for the chat's message ids, bounded per chat; the chat's
-    /// entry is kept while it holds anything (`dedup.until`). Made on the chat's first
-    /// message id: a chat locked without ids does without it.
+    /// whole entry is kept while it remembers anything (see
+    /// [`ChatState::keeps_dedup`]). Made on the chat's first message id: a chat locked
+    /// without ids does without it.
     dedup: Option<Dedup>,
 }
 
