@@ -192,6 +192,7 @@ impl Ending {
         match self {
             Ending::Call(f) => f(r),
             Ending::Slot(fill) => {
+                let granted = r.is_ok();
                 let answer = r.map_err(|no| match no {
                     NoTurn::Failed(e) => e,
                     NoTurn::Duplicate => {
@@ -199,6 +200,16 @@ impl Ending {
                     }
                 });
                 fill.put(answer);
+                if granted {
+                    // A thread blocked in `acquire` was just woken with the turn, often
+                    // onto this core (the releasing or the pushing thread's): yielding
+                    // lets it run now rather than after this thread's next steps. Only
+                    // here: a bot's callbacks (`Call`) gain nothing from it, and a
+                    // yield per handed-on message cost the main job a tenth of its
+                    // throughput. W3 in process (1 × 4 threads): handoff p50 lower in
+                    // 12 of 12 repeats, 7.7–17.7 µs → 5.4–12.2 µs.
+                    std::thread::yield_now();
+                }
             }
             // Not reached: a caller's ending is made a slot before its ticket waits,
             // and an answer before that is the enqueue's return value. Dropped, a turn
