@@ -207,7 +207,7 @@ impl Ending {
                     // here: a bot's callbacks (`Call`) gain nothing from it, and a
                     // yield per handed-on message cost the main job a tenth of its
                     // throughput. W3 in process (1 × 4 threads): handoff p50 lower in
-                    // 12 of 12 repeats, 7.7–17.7 µs → 5.4–12.2 µs.
+                    // 7 of 7 repeats, 8.1–14.7 µs → 6.0–11.2 µs.
                     std::thread::yield_now();
                 }
             }
