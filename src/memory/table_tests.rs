@@ -47,6 +47,12 @@ impl Fixture {
             .insert(Arc::from(replica), self.ns(self.clock.now() + TTL));
     }
 
+    /// Moves the clock on by `secs` with `replica` still alive (it renewed just now).
+    fn later(&mut self, secs: u64, replica: &str) {
+        self.clock.advance(Duration::from_secs(secs));
+        self.heartbeat(replica);
+    }
+
     /// `t` as the table's ns.
     fn ns(&self, t: Instant) -> u64 {
         u64::try_from(t.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
@@ -540,12 +546,10 @@ fn an_idle_chat_remembers_its_last_holder_for_the_history_from_its_release() {
         if sweep {
             other_traffic(&mut f, 80); // unrelated chats: the shard sweeps
         }
-        f.clock.advance(Duration::from_secs(3000));
-        f.heartbeat("a");
+        f.later(3000, "a");
         // A late, stale release of x's old lease: lost, and x stays as it was.
         assert_eq!(f.release("x", &g, None), Released::Lost);
-        f.clock.advance(Duration::from_secs(599));
-        f.heartbeat("b");
+        f.later(599, "b");
         let within = granted(f.enqueue("x", &ticket("b", 1), None));
         assert_eq!(
             within.previous.as_ref().map(|p| p.token),
@@ -557,11 +561,9 @@ fn an_idle_chat_remembers_its_last_holder_for_the_history_from_its_release() {
             Released::Released { next: None }
         );
         // Another stale release later on, then the history since b's release runs out.
-        f.clock.advance(Duration::from_secs(2000));
-        f.heartbeat("a");
+        f.later(2000, "a");
         assert_eq!(f.release("x", &g, None), Released::Lost);
-        f.clock.advance(Duration::from_secs(1601));
-        f.heartbeat("a");
+        f.later(1601, "a");
         let after = granted(f.enqueue("x", &ticket("a", 2), None));
         assert_eq!(after.previous, None, "sweep={sweep}");
     }
