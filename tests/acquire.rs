@@ -76,6 +76,36 @@ fn acquire_timeout_and_deadline_give_up_with_timeout() {
 }
 
 #[test]
+fn turns_and_errors_name_the_chat_as_given_whatever_its_length_or_first_byte() {
+    // Names up to 24 bytes are kept inline by the turn and the table, longer ones on
+    // the heap; a chat id starting with a NUL is stored with one more in front.
+    let long = "chat-ünïcödé-that-is-longer-than-twenty-four-bytes";
+    for chat in ["c", "\0starts-with-a-nul", long, &format!("\0{long}")] {
+        let (a, b) = two_replicas();
+        let held = a.acquire(chat).expect("free");
+        assert_eq!(held.chat(), chat);
+        let err = b.try_acquire(chat).expect_err("held by a");
+        assert_eq!((err.reason, err.chat.as_str()), (Reason::Timeout, chat));
+        let err = b
+            .acquire_timeout(chat, Duration::from_millis(20))
+            .expect_err("held throughout");
+        assert_eq!((err.reason, err.chat.as_str()), (Reason::Timeout, chat));
+        let token = held.fencing_token();
+        held.release().expect("release");
+        let next = b.acquire(chat).expect("free now");
+        assert_eq!(next.chat(), chat);
+        assert!(next.fencing_token() > token);
+        // The table remembered the chat under its full name.
+        let previous = next.previous().expect("a held it last");
+        assert_eq!((previous.replica.as_ref(), previous.token), ("a", token));
+        assert!(next.is_handover());
+        next.release().expect("release");
+        a.shutdown();
+        b.shutdown();
+    }
+}
+
+#[test]
 fn a_replica_refuses_a_coordinator_whose_lease_is_too_short_to_keep() {
     let short = Arc::new(MemoryCoordinator::with_settings(
         Duration::from_millis(1),

@@ -12,6 +12,12 @@ use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
 
+/// A chat's name as the maps keep it: inline up to 24 bytes (every Telegram chat id,
+/// most platforms' ids), on the heap only beyond. A new chat then costs no allocation
+/// for its name, and a lookup compares the name in the entry itself, with no pointer
+/// to chase (a cache miss on a large map).
+pub(crate) type Name = compact_str::CompactString;
+
 /// Hashes chat names for the maps of one shard (foldhash, randomly seeded per shard:
 /// far cheaper than SipHash on short keys, and not predictable from outside).
 #[derive(Default)]
@@ -31,11 +37,11 @@ pub(crate) struct NameHash(u64);
 struct Entry<V> {
     /// The name's hash, so that growth never hashes a name again.
     hash: u64,
-    name: Box<str>,
+    name: Name,
     value: V,
 }
 
-/// A map from chat names (stored as `Box<str>`, 16 bytes) to `V`. Every call takes the
+/// A map from chat names (stored as [`Name`], 24 bytes) to `V`. Every call takes the
 /// name's [`NameHash`] from the shard's hasher; a hash from another hasher finds
 /// nothing (no panic, no wrong entry: names are still compared).
 pub(crate) struct ChatMap<V> {
@@ -52,6 +58,12 @@ impl<V> Default for ChatMap<V> {
 
 fn rehash<V>(e: &Entry<V>) -> u64 {
     e.hash
+}
+
+/// The bytes one entry of a `ChatMap<V>` takes in its table (name inline).
+#[cfg(test)]
+pub(crate) const fn entry_size<V>() -> usize {
+    std::mem::size_of::<Entry<V>>()
 }
 
 impl<V> ChatMap<V> {
@@ -71,7 +83,7 @@ impl<V> ChatMap<V> {
 
     /// Removes `name`'s entry; returns its stored name (to move into another map
     /// without a copy) and value.
-    pub(crate) fn remove(&mut self, h: NameHash, name: &str) -> Option<(Box<str>, V)> {
+    pub(crate) fn remove(&mut self, h: NameHash, name: &str) -> Option<(Name, V)> {
         let found = self.table.find_entry(h.0, |e| &*e.name == name).ok()?;
         let (e, _) = found.remove();
         Some((e.name, e.value))
@@ -83,7 +95,7 @@ impl<V> ChatMap<V> {
         &mut self,
         h: NameHash,
         name: &str,
-        make: impl FnOnce() -> (Box<str>, V),
+        make: impl FnOnce() -> (Name, V),
     ) -> &mut V {
         match self.table.entry(h.0, |e| &*e.name == name, rehash) {
             hashbrown::hash_table::Entry::Occupied(e) => &mut e.into_mut().value,
@@ -100,7 +112,7 @@ impl<V> ChatMap<V> {
     }
 
     /// Inserts an entry for a name the map does not hold (the caller looked first).
-    pub(crate) fn insert_new(&mut self, h: NameHash, name: Box<str>, value: V) -> &mut V {
+    pub(crate) fn insert_new(&mut self, h: NameHash, name: Name, value: V) -> &mut V {
         let e = Entry {
             hash: h.0,
             name,
@@ -131,7 +143,7 @@ impl<V> ChatMap<V> {
     pub(crate) fn take_if(
         &mut self,
         mut take: impl FnMut(&V) -> bool,
-        mut moved: impl FnMut(NameHash, Box<str>, V),
+        mut moved: impl FnMut(NameHash, Name, V),
     ) {
         for e in self.table.extract_if(|e| take(&e.value)) {
             moved(NameHash(e.hash), e.name, e.value);
@@ -143,13 +155,22 @@ impl<V> ChatMap<V> {
 mod tests {
     use super::*;
 
+    /// Names inline (up to 24 bytes) and on the heap, mixed.
+    fn name_of(i: u32) -> String {
+        if i % 7 == 0 {
+            format!("a-chat-name-longer-than-twenty-four-bytes-{i}")
+        } else {
+            format!("chat-{i}")
+        }
+    }
+
     #[test]
     fn entries_survive_growth_and_move_between_maps_by_their_stored_hash() {
         let hasher = ChatHasher::default();
         let mut a: ChatMap<u32> = ChatMap::default();
         let mut b: ChatMap<u32> = ChatMap::default();
         for i in 0..5000u32 {
-            let name = format!("chat-{i}");
+            let name = name_of(i);
             let h = hasher.hash(&name);
             assert!(a.get(h, &name).is_none());
             *a.insert_new(h, name.into(), i) += 1;
@@ -163,7 +184,7 @@ mod tests {
         );
         assert_eq!((a.len(), b.len()), (2500, 2500));
         for i in 0..5000u32 {
-            let name = format!("chat-{i}");
+            let name = name_of(i);
             let h = hasher.hash(&name);
             let (here, there) = if (i + 1) % 2 == 0 { (&b, &a) } else { (&a, &b) };
             assert_eq!(here.get(h, &name), Some(&(i + 1)), "{name}");

@@ -11,9 +11,10 @@
 //! (strictly increasing per chat even after an idle chat's state was dropped), the
 //! [`Clock`], and pushing grants once no lock is held.
 //!
-//! Memory per chat: an active chat (held or waited for) is an entry of about 104 bytes
-//! plus its name (and its queue and duplicate check, made on first use). An idle chat
-//! leaves its name and last holder, a 56-byte entry plus the name, for [`HISTORY`]
+//! Memory per chat: an active chat (held or waited for) is an entry of 112 bytes, its
+//! name inside up to 24 bytes (a longer one on the heap besides), and its queue and
+//! duplicate check, made on first use. An idle chat leaves its name and last holder, a
+//! 64-byte entry (the name inside as before), for [`HISTORY`]
 //! (1 h) after its release, so the next grant can name the previous holder (see
 //! [`Grant::previous`]); then nothing, once a later sweep passes. A chat that had
 //! message ids keeps its full entry, duplicate check included, for the longer of the

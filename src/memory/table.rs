@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::chat_map::{ChatHasher, ChatMap};
+use super::chat_map::{ChatHasher, ChatMap, Name};
 use super::dedup::{Claim, Dedup};
 
 use crate::coordinator::{
@@ -78,7 +78,7 @@ pub(crate) struct Shard {
     /// Size of `chats` at which its idle chats move to `history` next.
     sweep_at: usize,
     /// Idle chats' last holders, until their history runs out: all an idle chat
-    /// leaves (a 56-byte entry and its name), in a map of its own so that `chats` stays
+    /// leaves (a 64-byte entry, its name inline), in a map of its own so that `chats` stays
     /// the size of the active chats. When full entries of every chat seen stayed in
     /// `chats`, each new chat paid a share of that map's growth, copied into fresh
     /// memory whose first touch is a page fault: most of a new chat's time.
@@ -372,7 +372,7 @@ impl Shard {
                     (name, Some(past.previous), past.until)
                 }
                 Some((name, _)) => (name, None, now_ns),
-                None => (Box::from(chat), None, now_ns),
+                None => (Name::from(chat), None, now_ns),
             };
             let state = ChatState {
                 holder: None,

@@ -135,6 +135,15 @@ fn granted(e: Enqueued) -> Grant {
 }
 
 #[test]
+fn an_active_chat_takes_112_bytes_and_an_idle_one_64_its_name_inline() {
+    // The figures the module docs give: a name of up to 24 bytes costs nothing more.
+    use super::super::chat_map::entry_size;
+    assert_eq!(std::mem::size_of::<ChatState>(), 80);
+    assert_eq!(entry_size::<ChatState>(), 112);
+    assert_eq!(entry_size::<Past>(), 64);
+}
+
+#[test]
 fn a_free_chat_is_granted_at_once_and_a_busy_one_queues() {
     let mut f = Fixture::new();
     let g = granted(f.enqueue("x", &ticket("a", 1), None));

@@ -314,7 +314,7 @@ impl Runner {
                 let _ = tx.send(r);
             });
             let seq = match self.replica.enqueue_stored(
-                Arc::from(self.lease.as_str()),
+                self.lease.as_str(),
                 None,
                 Duration::MAX,
                 on_grant,

@@ -358,45 +358,40 @@ impl Inner {
         wait: Duration,
         on_grant: impl Into<Ending>,
     ) -> Result<Accepted, CoordinationUnavailableError> {
-        // Every user chat comes through here or `enqueue_shared` (bot intake and
-        // `acquire`); reserved names do not.
-        crate::message::check_ids(chat, message_id)
-            .map_err(|e| CoordinationUnavailableError::invalid(chat, message_id, e))?;
-        self.enqueue_stored(Arc::from(stored_chat(chat)), message_id, wait, on_grant)
+        self.enqueue_placed(chat, message_id, wait, on_grant)
             .map(|placed| placed.accepted)
     }
 
-    /// Like [`Inner::enqueue`] for a chat id the caller already holds shared: its
-    /// stored form is the same string (but for a chat id starting with a NUL), so the
-    /// waiter and the turn share it without a copy. A blocked acquire's turn granted
-    /// in the enqueue's reply is returned (see [`Placed::turn`]).
-    pub(crate) fn enqueue_shared(
+    /// Like [`Inner::enqueue`], answering with the ticket's [`Placed`]: a blocked
+    /// acquire's turn granted in the enqueue's reply is returned (see
+    /// [`Placed::turn`]).
+    pub(crate) fn enqueue_placed(
         self: &Arc<Self>,
-        chat: &Arc<str>,
+        chat: &str,
         message_id: Option<&str>,
         wait: Duration,
         on_grant: impl Into<Ending>,
     ) -> Result<Placed, CoordinationUnavailableError> {
+        // Every user chat comes through here (bot intake and `acquire`); reserved
+        // names do not.
         crate::message::check_ids(chat, message_id)
             .map_err(|e| CoordinationUnavailableError::invalid(chat, message_id, e))?;
-        let stored = match stored_chat(chat) {
-            std::borrow::Cow::Borrowed(_) => chat.clone(),
-            std::borrow::Cow::Owned(s) => Arc::from(s),
-        };
-        self.enqueue_stored(stored, message_id, wait, on_grant)
+        self.enqueue_stored(&stored_chat(chat), message_id, wait, on_grant)
     }
 
     /// Places a ticket on a chat given in its stored form (a user's chat, or a
     /// reserved lease name); returns the ticket's sequence number with the answer.
+    /// The chat's name is copied into a shared string only for a ticket that waits
+    /// (its waiter keeps it); a turn granted at once keeps it inline (see
+    /// [`TurnState::chat`](super::lease::TurnState::chat)).
     pub(crate) fn enqueue_stored(
         self: &Arc<Self>,
-        chat_arc: Arc<str>,
+        chat: &str,
         message_id: Option<&str>,
         wait: Duration,
         on_grant: impl Into<Ending>,
     ) -> Result<Placed, CoordinationUnavailableError> {
         let on_grant = on_grant.into();
-        let chat: &str = &chat_arc;
         let metered = !is_reserved(chat);
         if self.state.load(Ordering::Acquire) != RUNNING {
             if metered {
@@ -437,7 +432,7 @@ impl Inner {
                     // the call would be a tenth of the in-process turn's cost).
                     let valid_until = sent + self.trusted;
                     let turn =
-                        self.new_turn(chat_arc, None, Duration::ZERO, grant, false, valid_until);
+                        self.new_turn(chat.into(), None, Duration::ZERO, grant, false, valid_until);
                     return Ok(Placed {
                         turn: on_grant.take_turn(turn),
                         ..placed(Accepted::Queued, None)
@@ -451,12 +446,13 @@ impl Inner {
                 }
             }
         }
-        let (on_grant, slot) = on_grant.placed();
+        let chat_arc: Arc<str> = Arc::from(chat);
+        let (on_grant, slot) = on_grant.placed(&chat_arc);
         // Registered before the call: a push may arrive before `enqueue` returns.
         self.waiting.lock().insert(
             seq,
             Waiter {
-                chat: chat_arc.clone(),
+                chat: chat_arc,
                 message_id: message_id.map(Arc::from),
                 since,
                 wait,

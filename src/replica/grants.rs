@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::client::{Ending, Inner, NoTurn, Waiter};
 use super::lease::{TurnState, clock_ns, period};
-use super::names::{is_reserved, shown_chat};
+use super::names::{ChatName, is_reserved, shown_chat};
 use super::turn::Turn;
 use crate::coordinator::{Grant, HeldLease};
 use crate::error::{CoordinationUnavailableError, Reason};
@@ -224,7 +224,14 @@ impl Inner {
         valid_until: Instant,
     ) -> (Turn, Ending) {
         let waited = self.clock.now().saturating_duration_since(w.since);
-        let turn = self.new_turn(w.chat, w.message_id, waited, grant, queued, valid_until);
+        let turn = self.new_turn(
+            (&*w.chat).into(),
+            w.message_id,
+            waited,
+            grant,
+            queued,
+            valid_until,
+        );
         (turn, w.on_grant)
     }
 
@@ -232,7 +239,7 @@ impl Inner {
     /// [`Inner::make_turn`]), registered for renewal.
     pub(super) fn new_turn(
         self: &Arc<Self>,
-        chat: Arc<str>,
+        chat: ChatName,
         message_id: Option<Arc<str>>,
         waited: Duration,
         grant: Grant,

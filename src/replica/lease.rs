@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::names::ChatName;
 use crate::coordinator::{HeldLease, Previous, Ticket, Token};
 
 /// The renewal period for a TTL: a third of it, so two renewals may fail before the
@@ -28,8 +29,9 @@ pub(crate) fn clock_ns(t: Instant) -> u64 {
 
 /// What the renewal thread and the holder share about one held turn.
 pub(crate) struct TurnState {
-    /// The chat, in its stored form (see `names`).
-    pub(crate) chat: Arc<str>,
+    /// The chat, in its stored form (see `names`), inline up to 24 bytes: the turn
+    /// of a free chat is then made without allocating for its name.
+    pub(crate) chat: ChatName,
     /// The ticket the grant went to; identifies the lease at the backend.
     pub(crate) ticket: Ticket,
     /// The grant's fencing token.
@@ -95,7 +97,7 @@ mod tests {
 
     fn state(valid_until: Instant) -> TurnState {
         TurnState {
-            chat: Arc::from("c"),
+            chat: "c".into(),
             ticket: Ticket {
                 replica: Arc::from("r"),
                 seq: 1,

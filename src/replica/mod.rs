@@ -201,16 +201,15 @@ impl Replica {
         chat: &str,
         wait: Duration,
     ) -> Result<Turn, CoordinationUnavailableError> {
-        let chat: Arc<str> = Arc::from(chat);
         let placed = self
             .inner
-            .enqueue_shared(&chat, None, wait, Ending::Caller(chat.clone()))?;
+            .enqueue_placed(chat, None, wait, Ending::Caller)?;
         match (placed.turn, placed.slot) {
             (Some(turn), _) => Ok(turn),
             (None, Some(slot)) => slot.wait(),
             // Not reached: a caller's ticket that had no turn in the reply waits in a
             // slot (see `Ending::placed`).
-            (None, None) => Err(CoordinationUnavailableError::new(Reason::Lost, &chat, None)),
+            (None, None) => Err(CoordinationUnavailableError::new(Reason::Lost, chat, None)),
         }
     }
 

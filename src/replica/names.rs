@@ -2,6 +2,11 @@
 
 use std::borrow::Cow;
 
+/// A chat's stored name kept by a held turn: inline up to 24 bytes (every Telegram
+/// chat id, most platforms' ids), so a turn granted at once allocates nothing for
+/// it; longer names go to the heap.
+pub(crate) type ChatName = compact_str::CompactString;
+
 /// The chat id as stored at the coordinator. Names the runtime reserves for its own
 /// leases (provider leadership: `"\0provider:<id>"`) start with one NUL; a user's chat
 /// id that starts with a NUL is stored with one more in front. So no chat id can meet

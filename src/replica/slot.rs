@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
+use super::names::shown_chat;
 use super::turn::Turn;
 use crate::error::{CoordinationUnavailableError, Reason};
 
@@ -93,7 +94,7 @@ impl Slot {
 pub(crate) struct Fill {
     /// `None` once filled.
     slot: Option<Arc<Slot>>,
-    /// The chat as the caller gave it, for the error.
+    /// The chat in its stored form (shown as the caller gave it), for the error.
     chat: Arc<str>,
 }
 
@@ -129,7 +130,7 @@ impl Drop for Fill {
         if result.is_none() {
             *result = Some(Err(CoordinationUnavailableError::new(
                 Reason::ShuttingDown,
-                &self.chat,
+                shown_chat(&self.chat),
                 None,
             )));
             slot.ready.notify_one();
@@ -144,11 +145,11 @@ pub(crate) enum Ending {
     /// A blocked acquire's slot. A lock's wait has no message id, so it never ends as
     /// a duplicate; should one, it reads as lost.
     Slot(Fill),
-    /// A blocked acquire on the calling thread (the chat as it gave it, for errors)
-    /// before its ticket has to wait: the thread's slot is taken only then (see
-    /// [`Ending::placed`]), so a turn granted in the reply to the first call costs no
-    /// slot and no filler. Never kept in a waiter.
-    Caller(Arc<str>),
+    /// A blocked acquire on the calling thread before its ticket has to wait: the
+    /// thread's slot is taken only then (see [`Ending::placed`]), so a turn granted in
+    /// the reply to the first call costs no slot, no filler and no shared copy of the
+    /// chat's name. Never kept in a waiter.
+    Caller,
 }
 
 impl From<OnGrant> for Ending {
@@ -158,13 +159,17 @@ impl From<OnGrant> for Ending {
 }
 
 impl Ending {
-    /// The ending to keep in a waiter: a blocked acquire ([`Ending::Caller`]) takes its
-    /// thread's slot here and gets it back, to wait on once the enqueue returns.
-    pub(crate) fn placed(self) -> (Ending, Option<Arc<Slot>>) {
+    /// The ending to keep in a waiter on `chat` (stored form): a blocked acquire
+    /// ([`Ending::Caller`]) takes its thread's slot here and gets it back, to wait on
+    /// once the enqueue returns.
+    pub(crate) fn placed(self, chat: &Arc<str>) -> (Ending, Option<Arc<Slot>>) {
         match self {
-            Ending::Caller(chat) => {
+            Ending::Caller => {
                 let slot = Slot::for_this_thread();
-                (Ending::Slot(Fill::new(slot.clone(), chat)), Some(slot))
+                (
+                    Ending::Slot(Fill::new(slot.clone(), chat.clone())),
+                    Some(slot),
+                )
             }
             other => (other, None),
         }
@@ -183,7 +188,7 @@ impl Ending {
                 fill.disarm();
                 Some(turn)
             }
-            Ending::Caller(_) => Some(turn),
+            Ending::Caller => Some(turn),
         }
     }
 
@@ -195,9 +200,11 @@ impl Ending {
                 let granted = r.is_ok();
                 let answer = r.map_err(|no| match no {
                     NoTurn::Failed(e) => e,
-                    NoTurn::Duplicate => {
-                        CoordinationUnavailableError::new(Reason::Lost, &fill.chat, None)
-                    }
+                    NoTurn::Duplicate => CoordinationUnavailableError::new(
+                        Reason::Lost,
+                        shown_chat(&fill.chat),
+                        None,
+                    ),
                 });
                 fill.put(answer);
                 if granted {
@@ -214,7 +221,7 @@ impl Ending {
             // Not reached: a caller's ending is made a slot before its ticket waits,
             // and an answer before that is the enqueue's return value. Dropped, a turn
             // is released.
-            Ending::Caller(_) => {}
+            Ending::Caller => {}
         }
     }
 }
