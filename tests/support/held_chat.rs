@@ -23,8 +23,13 @@ const WAITERS: usize = 4;
 #[derive(Default)]
 struct Log {
     starts: Vec<(String, String, u64)>,
-    busy: HashMap<String, bool>,
-    overlaps: usize,
+    /// The texts whose handlers run, by chat.
+    busy: HashMap<String, Vec<String>>,
+    /// (the text whose handler was running, the text whose handler started meanwhile):
+    /// allowed only where the earlier turn was lost (its lease ran out while the
+    /// handler ran, which its outcome reports; the later grant's token fences it out),
+    /// never between turns that both held.
+    overlaps: Vec<(String, String)>,
 }
 
 struct Run {
@@ -61,10 +66,11 @@ fn bots(connect: &dyn Fn() -> Arc<RedisCoordinator>) -> Run {
                     let text = ctx.message().text.clone();
                     {
                         let mut l = log.lock();
-                        let was = l.busy.insert(chat.clone(), true).unwrap_or(false);
-                        if was {
-                            l.overlaps += 1;
+                        let running = l.busy.entry(chat.clone()).or_default().clone();
+                        for earlier in running {
+                            l.overlaps.push((earlier, text.clone()));
                         }
+                        l.busy.entry(chat.clone()).or_default().push(text.clone());
                         l.starts
                             .push((chat.clone(), text.clone(), ctx.turn().fencing_token()));
                     }
@@ -72,7 +78,9 @@ fn bots(connect: &dyn Fn() -> Arc<RedisCoordinator>) -> Run {
                     if text == "hold" {
                         let _ = gate_rx.recv();
                     }
-                    log.lock().busy.insert(chat, false);
+                    if let Some(running) = log.lock().busy.get_mut(&chat) {
+                        running.retain(|t| *t != text);
+                    }
                     Ok(())
                 })
                 .on_outcome(move |m, o| {
@@ -164,7 +172,18 @@ pub fn scenario<S>(
     let (text, what) = run.outcomes.recv_timeout(RECV).expect("after ends");
     assert_eq!((text.as_str(), what.as_str()), ("after", "handled"));
     let log = run.log.lock();
-    assert_eq!(log.overlaps, 0, "no two handlers of a chat at once");
+    // A handler whose turn was lost may still run when the next grant's does (a fault
+    // that outlasts the lease: the kill and failover of its primary under load); the
+    // runtime reports it `lost`. Two turns that both held never overlap.
+    let unexplained: Vec<_> = log
+        .overlaps
+        .iter()
+        .filter(|(earlier, _)| ended.get(earlier).map(String::as_str) != Some("lost"))
+        .collect();
+    assert!(
+        unexplained.is_empty(),
+        "no two handlers of a chat at once but for a lost turn's: {unexplained:?} (outcomes {ended:?})"
+    );
     let tokens: Vec<u64> = log
         .starts
         .iter()
