@@ -157,7 +157,7 @@ mod tests {
 
     /// Names inline (up to 24 bytes) and on the heap, mixed.
     fn name_of(i: u32) -> String {
-        if i % 7 == 0 {
+        if i.is_multiple_of(7) {
             format!("a-chat-name-longer-than-twenty-four-bytes-{i}")
         } else {
             format!("chat-{i}")
