@@ -246,11 +246,12 @@ impl Inner {
         queued: bool,
         valid_until: Instant,
     ) -> Turn {
+        let previous = self.previous_of(&chat, grant.previous);
         let state = Arc::new(TurnState {
             chat,
             ticket: grant.ticket,
             token: grant.token,
-            previous: grant.previous,
+            previous,
             message_id,
             waited,
             lost: Default::default(),

@@ -661,6 +661,34 @@ pub fn duplicate_across_replicas<H: Harness>() {
     assert_eq!(rec.texts("chat"), ["hello"]);
 }
 
+/// A waiter that gave up (a `try_acquire`, an `acquire_timeout` that ran out) and asks
+/// again later sees the holder before it as the previous one, not a grant of its own
+/// released unused: on Redis the given-up tickets stay queued until the next
+/// re-check, so the release hands the chat to one of them first (a grant nobody waits
+/// for, released at once), and the next grant would name it.
+pub fn a_waiter_that_gave_up_is_not_its_own_previous_holder<H: Harness>() {
+    let h = H::start(Duration::from_secs(10));
+    let a = Replica::start("a", h.coordinator()).expect("start");
+    let b = Replica::start("b", h.coordinator()).expect("start");
+    let held = a.acquire_timeout("chat", LONG).expect("acquire");
+    let first = held.fencing_token();
+    let err = b.try_acquire("chat").expect_err("held by a");
+    assert_eq!(err.reason, Reason::Timeout);
+    let err = b
+        .acquire_timeout("chat", Duration::from_millis(20))
+        .expect_err("held by a throughout");
+    assert_eq!(err.reason, Reason::Timeout);
+    held.release().expect("release");
+    let next = b.acquire_timeout("chat", LONG).expect("free now");
+    assert!(next.fencing_token() > first);
+    let previous = next.previous().expect("a held it last");
+    assert_eq!((previous.replica.as_ref(), previous.token), ("a", first));
+    assert!(next.is_handover());
+    next.release().expect("release");
+    a.shutdown();
+    b.shutdown();
+}
+
 /// A replica holding a chat crashes (no release): the chat comes free within the TTL
 /// plus one re-check, and the next holder's token is greater.
 pub fn crashed_holder_frees_chat<H: Harness>() {
@@ -1025,6 +1053,11 @@ macro_rules! suite {
         fn duplicate_across_replicas() {
             let _serial = crate::support::serial();
             conformance::duplicate_across_replicas::<$h>();
+        }
+        #[test]
+        fn a_waiter_that_gave_up_is_not_its_own_previous_holder() {
+            let _serial = crate::support::serial();
+            conformance::a_waiter_that_gave_up_is_not_its_own_previous_holder::<$h>();
         }
         #[test]
         fn crashed_holder_frees_chat() {
