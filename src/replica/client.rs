@@ -17,8 +17,8 @@ use super::turn::{Owner, Turn};
 use super::waiters::{PlacedWaiter, Waiters};
 use crate::clock::Clock;
 use crate::coordinator::{
-    BackendError, Coordinator, EnqueueRequest, Enqueued, Grant, HeldLease, Previous, Released,
-    ReplicaId, Ticket, Token, Waiting,
+    BackendError, Coordinator, EnqueueRequest, Enqueued, Grant, Previous, Released, ReplicaId,
+    Ticket, Token, Waiting,
 };
 use crate::error::{CoordinationUnavailableError, Reason};
 use crate::metrics::{Metrics, dec, inc};
@@ -30,12 +30,6 @@ type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 /// How often a replica without a renewal thread asks again about a message whose id
 /// is in flight on an earlier delivery (see `retry_later_unless_ticking`).
 const LOCAL_RETRY: Duration = Duration::from_millis(20);
-
-/// Grants released unused that a replica remembers (see `Inner::unused`): the next
-/// grant on the chat follows within the same release, or within one re-check, so a
-/// few suffice; an older one forgotten only leaves that chat's next `previous` as the
-/// backend gave it.
-const UNUSED_KEPT: usize = 32;
 
 const RUNNING: u8 = 0;
 const STOPPING: u8 = 1;
@@ -134,7 +128,7 @@ pub(crate) struct Inner {
     /// turn has that very grant (see `deliver`).
     pub(super) suspects: Mutex<Vec<(Arc<str>, Grant)>>,
     /// Grants this replica released unused (see `release_ghost`), newest last, at
-    /// most [`UNUSED_KEPT`]: (stored chat, token, the previous holder that grant
+    /// most `UNUSED_KEPT` (in `grants`): (stored chat, token, the previous holder that grant
     /// named). Nothing ran under such a grant, so a later grant naming it as its
     /// previous holder names that one's previous instead: a turn's `previous` and
     /// `is_handover` must show the last holder that could have done work (a waiter
@@ -665,47 +659,6 @@ impl Inner {
                     .lock()
                     .push((w.chat.clone(), seq, w.message_id.clone()));
             }
-        }
-    }
-
-    pub(super) fn release_ghost(self: &Arc<Self>, chat: &str, grant: &Grant) {
-        // Recorded before the release, whose reply may hand the chat on to another of
-        // our tickets naming this grant as its previous holder.
-        let previous = self.previous_of(chat, grant.previous.clone());
-        {
-            let mut unused = self.unused.lock();
-            if unused.len() >= UNUSED_KEPT {
-                unused.remove(0);
-            }
-            unused.push((chat.into(), grant.token, previous));
-        }
-        let lease = HeldLease {
-            chat,
-            ticket: &grant.ticket,
-            token: grant.token,
-        };
-        let sent = self.clock.now();
-        match self.coordinator.release(&lease, None) {
-            Ok(Released::Released { next: Some(next) }) => {
-                self.deliver_from(chat, next, Some(sent));
-            }
-            Ok(_) => {}
-            Err(e) => log::debug!(target: "botmesh::replica", "ghost release failed: {e}"),
-        }
-    }
-
-    /// The previous holder a grant on `chat` should name: `previous` as the backend
-    /// gave it, or, when that is a grant of ours released unused, the one that grant
-    /// named (see `unused`).
-    pub(super) fn previous_of(&self, chat: &str, previous: Option<Previous>) -> Option<Previous> {
-        let p = previous?;
-        if p.replica != self.id {
-            return Some(p);
-        }
-        let mut unused = self.unused.lock();
-        match unused.iter().position(|u| u.1 == p.token && u.0 == chat) {
-            Some(i) => unused.remove(i).2,
-            None => Some(p),
         }
     }
 

@@ -11,9 +11,15 @@ use super::client::{Ending, Inner, NoTurn, Waiter};
 use super::lease::{TurnState, clock_ns, period};
 use super::names::{ChatName, is_reserved, shown_chat};
 use super::turn::Turn;
-use crate::coordinator::{Grant, HeldLease};
+use crate::coordinator::{Grant, HeldLease, Previous, Released};
 use crate::error::{CoordinationUnavailableError, Reason};
 use crate::metrics::{dec, inc};
+
+/// Grants released unused that a replica remembers (see `Inner::unused`): the next
+/// grant on the chat follows within the same release, or within one re-check, so a
+/// few suffice; an older one forgotten only leaves that chat's next `previous` as the
+/// backend gave it.
+const UNUSED_KEPT: usize = 32;
 
 impl Inner {
     /// Takes a waiter out like [`Inner::take_waiter`], marking its ticket in hand
@@ -272,6 +278,50 @@ impl Inner {
             inc(&self.metrics.handovers);
         }
         turn
+    }
+
+    /// Releases a grant nobody here will use (a ghost's, a dead predecessor's, a
+    /// given-up waiter's), remembering it in `unused` first; a grant handed on in the
+    /// reply to another of our tickets is routed.
+    pub(crate) fn release_ghost(self: &Arc<Self>, chat: &str, grant: &Grant) {
+        // Recorded before the release, whose reply may hand the chat on to another of
+        // our tickets naming this grant as its previous holder.
+        let previous = self.previous_of(chat, grant.previous.clone());
+        {
+            let mut unused = self.unused.lock();
+            if unused.len() >= UNUSED_KEPT {
+                unused.remove(0);
+            }
+            unused.push((chat.into(), grant.token, previous));
+        }
+        let lease = HeldLease {
+            chat,
+            ticket: &grant.ticket,
+            token: grant.token,
+        };
+        let sent = self.clock.now();
+        match self.coordinator.release(&lease, None) {
+            Ok(Released::Released { next: Some(next) }) => {
+                self.deliver_from(chat, next, Some(sent));
+            }
+            Ok(_) => {}
+            Err(e) => log::debug!(target: "botmesh::replica", "ghost release failed: {e}"),
+        }
+    }
+
+    /// The previous holder a grant on `chat` should name: `previous` as the backend
+    /// gave it, or, when that is a grant of ours released unused, the one that grant
+    /// named (see `unused`).
+    pub(super) fn previous_of(&self, chat: &str, previous: Option<Previous>) -> Option<Previous> {
+        let p = previous?;
+        if p.replica != self.id {
+            return Some(p);
+        }
+        let mut unused = self.unused.lock();
+        match unused.iter().position(|u| u.1 == p.token && u.0 == chat) {
+            Some(i) => unused.remove(i).2,
+            None => Some(p),
+        }
     }
 }
 
