@@ -78,6 +78,9 @@ impl Turn {
     }
 
     /// The previous holder of this chat's turn, if the backend still remembered it.
+    /// A grant this replica was given and released unused (to a waiter that had given
+    /// up meanwhile) does not count: the holder before it is named instead, since
+    /// nothing ran under it.
     pub fn previous(&self) -> Option<&Previous> {
         self.state.previous.as_ref()
     }
