@@ -283,7 +283,7 @@ impl Inner {
     /// Releases a grant nobody here will use (a ghost's, a dead predecessor's, a
     /// given-up waiter's), remembering it in `unused` first; a grant handed on in the
     /// reply to another of our tickets is routed.
-    pub(crate) fn release_ghost(self: &Arc<Self>, chat: &str, grant: &Grant) {
+    pub(super) fn release_ghost(self: &Arc<Self>, chat: &str, grant: &Grant) {
         // Recorded before the release, whose reply may hand the chat on to another of
         // our tickets naming this grant as its previous holder.
         let previous = self.previous_of(chat, grant.previous.clone());

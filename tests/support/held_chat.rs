@@ -65,12 +65,14 @@ fn bots(connect: &dyn Fn() -> Arc<RedisCoordinator>) -> Run {
                     let chat = ctx.message().chat.clone();
                     let text = ctx.message().text.clone();
                     {
-                        let mut l = log.lock();
-                        let running = l.busy.entry(chat.clone()).or_default().clone();
-                        for earlier in running {
-                            l.overlaps.push((earlier, text.clone()));
-                        }
-                        l.busy.entry(chat.clone()).or_default().push(text.clone());
+                        let l = &mut *log.lock();
+                        let running = l.busy.entry(chat.clone()).or_default();
+                        l.overlaps.extend(
+                            running
+                                .iter()
+                                .map(|earlier| (earlier.clone(), text.clone())),
+                        );
+                        running.push(text.clone());
                         l.starts
                             .push((chat.clone(), text.clone(), ctx.turn().fencing_token()));
                     }
