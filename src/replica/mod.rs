@@ -74,7 +74,9 @@ impl Replica {
     /// # Errors
     /// [`BackendError`] when the coordinator cannot be reached, when a thread cannot
     /// be spawned, when `id` is empty or holds a NUL, when another live replica uses
-    /// `id` (or one that crashed less than a TTL ago), or when the coordinator's lease
+    /// `id` (or one that crashed less than a TTL ago; the memory backend only: Redis
+    /// cannot tell two live replicas with one id apart, so give each process its own),
+    /// or when the coordinator's lease
     /// TTL is under [`MemoryOptions::MIN_LEASE_TTL`](crate::MemoryOptions::MIN_LEASE_TTL)
     /// (10 ms: renewed every TTL/3, a shorter lease would be lost between renewals),
     /// as `Bot::build` and the configuration refuse it.
@@ -150,7 +152,10 @@ impl Replica {
     /// # Errors
     /// [`CoordinationUnavailableError`] with reason `backend` when the coordinator
     /// could not be reached, `shutting_down` when the replica is stopping, `invalid`
-    /// when `chat` is empty or over [`MAX_CHAT_ID_BYTES`](crate::MAX_CHAT_ID_BYTES).
+    /// when `chat` is empty or over [`MAX_CHAT_ID_BYTES`](crate::MAX_CHAT_ID_BYTES),
+    /// and `lost` when the backend lost the waiting ticket itself (a Redis restart
+    /// without persistence that outlasted a TTL, so its liveness lapsed too): the
+    /// place in the queue is gone, and asking again queues anew.
     pub fn acquire(&self, chat: &str) -> Result<Turn, CoordinationUnavailableError> {
         self.acquire_for(chat, Duration::MAX)
     }
@@ -173,7 +178,8 @@ impl Replica {
     /// [`CoordinationUnavailableError`] with reason `timeout` when the wait ran out
     /// (also when this replica holds the chat itself: see [`Replica::acquire`]),
     /// `backend` when the coordinator could not be reached, `shutting_down` when the
-    /// replica is stopping, `invalid` for a bad chat id.
+    /// replica is stopping, `invalid` for a bad chat id, `lost` when the backend lost
+    /// the waiting ticket (as for [`Replica::acquire`]).
     pub fn acquire_timeout(
         &self,
         chat: &str,
