@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A fencing token: strictly increasing per chat, across replicas, restarts and idle
 /// periods.
@@ -369,12 +369,24 @@ pub trait Coordinator: Send + Sync + 'static {
     /// does, so a backend that does not implement it costs one more function call
     /// per enqueue, no round trip.
     ///
+    /// `sent` is the caller's reading of the process's real monotonic clock
+    /// ([`Instant::now`]) taken as it made the call. A backend whose table runs on
+    /// that same clock (the memory backend, unless built with a fake clock) may take
+    /// it as the present instead of reading the clock again: in process, a clock
+    /// read is a tenth of a turn's cost. It is never later than the call itself, so
+    /// a lease counted from it ends no later than one counted from the backend's own
+    /// reading.
+    ///
     /// # Errors
     /// [`BackendError`] when the backend cannot be reached; the ticket may or may not
     /// hold the turn then, and the caller's `enqueue` of the same ticket (idempotent
     /// per ticket) finds out.
-    fn grant_if_free(&self, request: &EnqueueRequest<'_>) -> Result<Option<Grant>, BackendError> {
-        let _ = request;
+    fn grant_if_free(
+        &self,
+        request: &EnqueueRequest<'_>,
+        sent: Instant,
+    ) -> Result<Option<Grant>, BackendError> {
+        let _ = (request, sent);
         Ok(None)
     }
 
@@ -397,6 +409,24 @@ pub trait Coordinator: Send + Sync + 'static {
         lease: &HeldLease<'_>,
         handled: Option<&str>,
     ) -> Result<Released, BackendError>;
+
+    /// [`release`](Coordinator::release) with the caller's reading of the process's
+    /// real monotonic clock taken as it made the call, as `sent` of
+    /// [`grant_if_free`](Coordinator::grant_if_free): a backend on that same clock
+    /// may take it as the present. The runtime releases through this; the default
+    /// ignores `sent` and calls `release`.
+    ///
+    /// # Errors
+    /// As [`release`](Coordinator::release).
+    fn release_sent(
+        &self,
+        lease: &HeldLease<'_>,
+        handled: Option<&str>,
+        sent: Instant,
+    ) -> Result<Released, BackendError> {
+        let _ = sent;
+        self.release(lease, handled)
+    }
 
     /// The renewal tick of one replica, in one call: extends the listed leases by one
     /// TTL and keeps the listed waiting tickets (and the replica) alive, and doubles as

@@ -52,7 +52,10 @@ impl Metrics {
         let us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
         let bucket = (64 - us.leading_zeros() as usize).min(WAIT_BUCKETS - 1);
         self.wait_hist[bucket].fetch_add(1, Ordering::Relaxed);
-        self.wait_sum_us.fetch_add(us, Ordering::Relaxed);
+        if us > 0 {
+            // Most turns of a quiet chat did not wait: no atomic add of nothing.
+            self.wait_sum_us.fetch_add(us, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn snapshot(&self) -> MetricsSnapshot {

@@ -245,7 +245,28 @@ impl MemoryCoordinator {
         refresh: Option<&ReplicaId>,
         op: impl FnOnce(&mut Shard, &Env<'_>, &mut Pushes) -> T,
     ) -> T {
-        let now = self.clock.now();
+        self.on_chat_at(chat, refresh, self.clock.now(), op)
+    }
+
+    /// The present for a call whose caller read the real clock as it sent it
+    /// (`sent`): that reading when this table runs on the real clock (one clock read
+    /// a call saved), else this table's own clock (a fake one).
+    fn now_or(&self, sent: Instant) -> Instant {
+        if self.clock.is_fake() {
+            self.clock.now()
+        } else {
+            sent
+        }
+    }
+
+    /// [`MemoryCoordinator::on_chat`] at `now`, read by the caller.
+    fn on_chat_at<T>(
+        &self,
+        chat: &str,
+        refresh: Option<&ReplicaId>,
+        now: Instant,
+        op: impl FnOnce(&mut Shard, &Env<'_>, &mut Pushes) -> T,
+    ) -> T {
         let mut pushes = Pushes::new();
         let result = self.with_env(now, refresh, |env| {
             op(&mut self.shard(chat).lock(), env, &mut pushes)
@@ -335,11 +356,16 @@ impl Coordinator for MemoryCoordinator {
         )
     }
 
-    fn grant_if_free(&self, req: &EnqueueRequest<'_>) -> Result<Option<Grant>, BackendError> {
+    fn grant_if_free(
+        &self,
+        req: &EnqueueRequest<'_>,
+        sent: Instant,
+    ) -> Result<Option<Grant>, BackendError> {
         // A sign of life like `enqueue`. Nothing is queued, so nothing is pushed.
-        Ok(self.on_chat(
+        Ok(self.on_chat_at(
             req.chat,
             Some(&req.ticket.replica),
+            self.now_or(sent),
             |shard, env, _pushes| shard.grant_if_free(env, req),
         ))
     }
@@ -355,11 +381,21 @@ impl Coordinator for MemoryCoordinator {
         lease: &HeldLease<'_>,
         handled: Option<&str>,
     ) -> Result<Released, BackendError> {
+        self.release_sent(lease, handled, self.clock.now())
+    }
+
+    fn release_sent(
+        &self,
+        lease: &HeldLease<'_>,
+        handled: Option<&str>,
+        sent: Instant,
+    ) -> Result<Released, BackendError> {
         // The caller is alive: a grant it gets back in the answer (the chat handed on
         // to another of its tickets) lasts a full TTL, counted from its call.
-        Ok(self.on_chat(
+        Ok(self.on_chat_at(
             lease.chat,
             Some(&lease.ticket.replica),
+            self.now_or(sent),
             |shard, env, pushes| shard.release(env, lease, handled, pushes),
         ))
     }

@@ -114,12 +114,6 @@ pub(crate) struct Inner {
     pub(super) waiting: Mutex<Waiters<Ending>>,
     /// Held turns by ticket sequence number, renewed by the renewal thread.
     pub(super) held: Mutex<HashMap<u64, Arc<TurnState>>>,
-    /// Turns being released right now (taken out of `held`, the backend not told
-    /// yet): a second copy of such a turn's grant must not be released by the tick
-    /// in between, or the turn's own release would find its lease gone. A list, not a
-    /// set: it holds one entry per release in flight (a few at most), which a scan
-    /// finds for less than a hash costs.
-    pub(super) releasing: Mutex<Vec<(u64, Token)>>,
     /// Tickets whose enqueue failed (timeout, connection lost) but may have reached the
     /// backend anyway: they are cancelled on the next renewal ticks, so they neither
     /// hold a place nor keep their message id claimed against a redelivery.
@@ -189,7 +183,6 @@ impl Inner {
             state: AtomicU8::new(RUNNING),
             waiting: Mutex::new(Waiters::default()),
             held: Mutex::new(HashMap::default()),
-            releasing: Mutex::new(Vec::new()),
             in_hand: Mutex::new(HashSet::default()),
             ghosts: Mutex::new(Vec::new()),
             suspects: Mutex::new(Vec::new()),
@@ -211,6 +204,17 @@ impl Inner {
     /// The backend's short name, for logs.
     pub(crate) fn backend(&self) -> &'static str {
         self.coordinator.backend()
+    }
+
+    /// `t` of this replica's clock as a reading of the real clock, for a backend that
+    /// may take it as the present ([`Coordinator::grant_if_free`]): `t` itself on the
+    /// real clock, the real present on a fake one (a test's).
+    fn real(&self, t: Instant) -> Instant {
+        if self.clock.is_fake() {
+            Instant::now()
+        } else {
+            t
+        }
     }
 
     /// The present by this replica's clock.
@@ -430,7 +434,7 @@ impl Inner {
         if message_id.is_none() {
             // A free chat granted without a place in its queue: no grant of this
             // ticket can be pushed, so no waiter is registered first.
-            match self.coordinator.grant_if_free(&request) {
+            match self.coordinator.grant_if_free(&request, self.real(sent)) {
                 Ok(Some(grant)) => {
                     if metered {
                         inc(&self.metrics.accepted);
@@ -552,14 +556,6 @@ impl Inner {
         }
     }
 
-    /// Ends a release's entry in `releasing` (see `release_turn`).
-    fn not_releasing(&self, seq: u64, token: Token) {
-        let mut releasing = self.releasing.lock();
-        if let Some(at) = releasing.iter().position(|r| *r == (seq, token)) {
-            releasing.swap_remove(at);
-        }
-    }
-
     fn release_turn(
         self: &Arc<Self>,
         state: &TurnState,
@@ -574,16 +570,21 @@ impl Inner {
         };
         let metered = !is_reserved(&state.chat);
         let seq = state.ticket.seq;
-        // Marked releasing before it leaves `held`, so the tick never sees it in
-        // neither (see `release_suspects`).
-        self.releasing.lock().push((seq, state.token));
-        let was_held = self.held.lock().remove(&seq).is_some();
-        if was_held && metered {
-            dec(&self.metrics.held);
-        }
+        // Marked releasing while it stays in `held` until the backend answered (see
+        // `TurnState::releasing`).
+        state.releasing.store(true, Ordering::Release);
+        // Whether it was still held (not taken out as lost, or by a stop) decides
+        // who counts its end in the metrics: exactly one remover does.
+        let leave_held = || {
+            let was_held = self.held.lock().remove(&seq).is_some();
+            if was_held && metered {
+                dec(&self.metrics.held);
+            }
+            was_held
+        };
         if self.is_aborted() {
             // A crashed replica releases nothing; its lease expires.
-            self.not_releasing(seq, state.token);
+            leave_held();
             return Err(lost_err());
         }
         // Known lost here (by the renewal, or by our own clock): still release at the
@@ -591,15 +592,17 @@ impl Inner {
         // One clock read serves the verdict and the release's send time.
         let sent = self.clock.now();
         let locally_lost = state.is_lost_at(sent);
-        if locally_lost && was_held && metered {
-            inc(&self.metrics.lost);
-        }
         // A turn counted lost is reported `lost` (its handler's later sends and
         // checkpoint writes failed), so its message id stays open for a redelivery,
         // even where the backend still releases it (no grant was made after it).
         let handled = if locally_lost { None } else { handled };
-        let released = self.coordinator.release(&state.lease(), handled);
-        self.not_releasing(seq, state.token);
+        let released = self
+            .coordinator
+            .release_sent(&state.lease(), handled, self.real(sent));
+        let was_held = leave_held();
+        if locally_lost && was_held && metered {
+            inc(&self.metrics.lost);
+        }
         match released {
             Ok(Released::Released { next }) => {
                 if let Some(grant) = next {

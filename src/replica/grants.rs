@@ -4,7 +4,7 @@
 //! and is released when nobody waits for it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::client::{Ending, Inner, NoTurn, Waiter};
@@ -262,6 +262,7 @@ impl Inner {
             waited,
             lost: Default::default(),
             valid_until: AtomicU64::new(clock_ns(valid_until)),
+            releasing: AtomicBool::new(false),
         });
         self.held.lock().insert(state.ticket.seq, state.clone());
         let metered = !is_reserved(&state.chat);

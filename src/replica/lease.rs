@@ -46,6 +46,11 @@ pub(crate) struct TurnState {
     pub(crate) lost: AtomicBool,
     /// When the lease ends by this replica's clock unless renewed ([`clock_ns`]).
     pub(crate) valid_until: AtomicU64,
+    /// Set as its release starts. The turn stays in the replica's `held` until the
+    /// backend answered, so the tick neither takes a second copy of its grant for a
+    /// ghost nor counts it lost when a renewal in flight is refused. A flag here
+    /// costs a plain store; a list of releases in flight cost two lock round trips.
+    pub(crate) releasing: AtomicBool,
 }
 
 impl TurnState {
@@ -108,6 +113,7 @@ mod tests {
             waited: Duration::ZERO,
             lost: AtomicBool::new(false),
             valid_until: AtomicU64::new(clock_ns(valid_until)),
+            releasing: AtomicBool::new(false),
         }
     }
 

@@ -10,6 +10,7 @@
 //! `lost`.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::client::{Inner, NoTurn};
@@ -125,7 +126,13 @@ impl Inner {
                 .fetch_max(now_ns.saturating_add(period_ns), Ordering::AcqRel);
         }
         let held: Vec<Arc<TurnState>> = if renew_held {
-            self.held.lock().values().cloned().collect()
+            // A turn being released is left out: its lease ends with the release.
+            self.held
+                .lock()
+                .values()
+                .filter(|s| !s.releasing.load(Ordering::Acquire))
+                .cloned()
+                .collect()
         } else {
             Vec::new()
         };
@@ -163,8 +170,11 @@ impl Inner {
 
     fn mark_lost(&self, state: &TurnState, why: &str) {
         // A turn released while the renewal was in flight is not lost, just gone.
-        if self.held.lock().remove(&state.ticket.seq).is_none() {
-            return;
+        {
+            let mut held = self.held.lock();
+            if state.releasing.load(Ordering::Acquire) || held.remove(&state.ticket.seq).is_none() {
+                return;
+            }
         }
         let metered = !is_reserved(&state.chat);
         if metered {
@@ -200,15 +210,14 @@ impl Inner {
                 self.suspects.lock().push((chat, grant));
                 continue;
             }
-            // In `held` with that token, or on its way out: `release_turn` marks it
-            // releasing before it leaves `held`, and a turn enters `held` before its
-            // ticket leaves `in_hand`, so checking in this order never misses one.
+            // In `held` with that token (a turn being released stays there until the
+            // backend answered), and a turn enters `held` before its ticket leaves
+            // `in_hand`, so checking in this order never misses one.
             let in_use = self
                 .held
                 .lock()
                 .get(&seq)
-                .is_some_and(|s| s.token == grant.token)
-                || self.releasing.lock().contains(&(seq, grant.token));
+                .is_some_and(|s| s.token == grant.token);
             if !in_use {
                 log::debug!(target: "botmesh::replica", "releasing grant {} on chat {chat:?}: no turn uses it", grant.ticket);
                 self.release_ghost(&chat, &grant);
