@@ -27,7 +27,6 @@ pub(crate) struct Metrics {
     pub(crate) leaderless_us: AtomicU64,
     pub(crate) provider_conflicts: AtomicU64,
     pub(crate) providers_led: AtomicU64,
-    pub(crate) held: AtomicU64,
     pub(crate) waiting: AtomicU64,
     pub(crate) conversations_resumed: AtomicU64,
     pub(crate) conversations_dropped: AtomicU64,
@@ -76,7 +75,9 @@ impl Metrics {
             leaderless_ms: get(&self.leaderless_us) / 1000,
             provider_conflicts: get(&self.provider_conflicts),
             providers_led: get(&self.providers_led),
-            turns_held: get(&self.held),
+            // A gauge the replica reads from its table of held turns (see
+            // `Inner::snapshot`): no counter on every turn's way in and out.
+            turns_held: 0,
             tickets_waiting: get(&self.waiting),
             conversations_resumed: get(&self.conversations_resumed),
             conversations_dropped: get(&self.conversations_dropped),

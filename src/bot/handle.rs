@@ -199,7 +199,7 @@ impl Bot {
 
     /// A snapshot of this replica's counters and gauges.
     pub fn metrics(&self) -> MetricsSnapshot {
-        let mut m = self.shared.metrics.snapshot();
+        let mut m = self.shared.replica.snapshot();
         // A leadership still without an open session counts up to now.
         let now = Instant::now();
         for l in &self.leader_states {

@@ -217,6 +217,17 @@ impl Inner {
         }
     }
 
+    /// A snapshot of the replica's metrics, with the gauge of turns held read from
+    /// its table of held turns (a turn being released counts until the backend
+    /// answered; the provider leases, reserved names, do not count).
+    pub(crate) fn snapshot(&self) -> crate::MetricsSnapshot {
+        let mut m = self.metrics.snapshot();
+        let held = self.held.lock();
+        let users = held.values().filter(|s| !is_reserved(&s.chat)).count();
+        m.turns_held = u64::try_from(users).unwrap_or(u64::MAX);
+        m
+    }
+
     /// The present by this replica's clock.
     pub(crate) fn now(&self) -> Instant {
         self.clock.now()
@@ -283,9 +294,6 @@ impl Inner {
         let held: Vec<Arc<TurnState>> = self.held.lock().drain().map(|(_, s)| s).collect();
         for state in &held {
             state.lost.store(true, Ordering::Release);
-            if !is_reserved(&state.chat) {
-                dec(&self.metrics.held);
-            }
         }
         if aborted {
             // Dropped without being called; `acquire`'s slot fills itself on drop.
@@ -574,14 +582,8 @@ impl Inner {
         // `TurnState::releasing`).
         state.releasing.store(true, Ordering::Release);
         // Whether it was still held (not taken out as lost, or by a stop) decides
-        // who counts its end in the metrics: exactly one remover does.
-        let leave_held = || {
-            let was_held = self.held.lock().remove(&seq).is_some();
-            if was_held && metered {
-                dec(&self.metrics.held);
-            }
-            was_held
-        };
+        // who counts it lost in the metrics: exactly one remover does.
+        let leave_held = || self.held.lock().remove(&seq).is_some();
         if self.is_aborted() {
             // A crashed replica releases nothing; its lease expires.
             leave_held();

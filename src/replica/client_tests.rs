@@ -292,7 +292,7 @@ fn a_ticket_granted_after_the_recheck_snapshot_does_not_requeue_its_chat() {
     t.release().expect("r's second message releases");
     // Exactly one copy of it was queued: the chat is idle now, nothing holds it.
     assert_eq!(w.backend.inner.active_chats(), 0);
-    assert_eq!(r.metrics.snapshot().lost, 0);
+    assert_eq!(r.snapshot().lost, 0);
 }
 
 /// A grant that reaches the replica twice (the push and the re-check) while its turn
@@ -336,7 +336,7 @@ fn a_second_copy_of_a_grant_is_not_released_while_its_turn_releases() {
         released.is_ok(),
         "the handler's own release must succeed: {released:?}"
     );
-    assert_eq!(r.metrics.snapshot().lost, 0);
+    assert_eq!(r.snapshot().lost, 0);
 }
 
 /// A renewal that listed a turn just before its release started, and is refused
@@ -376,7 +376,7 @@ fn a_renewal_refused_while_its_turn_releases_does_not_count_it_lost() {
     go_tx.send(()).expect("let the release through");
     let released = done_rx.recv().expect("the release ended");
     assert!(released.is_ok(), "the release must succeed: {released:?}");
-    let m = h.metrics.snapshot();
+    let m = h.snapshot();
     assert_eq!((m.lost, m.turns_held), (0, 0), "{m:?}");
     // Its message id's claim was made final: a redelivery is a duplicate.
     let (again, _rx) = offer(&h, "chat", Some("m1"));
@@ -456,7 +456,7 @@ fn a_renewal_late_by_less_than_the_ttl_keeps_the_lease() {
     w.clock.advance(Duration::from_secs(5));
     assert!(!t.is_lost(), "the late renewal put the end a TTL ahead");
     t.release().expect("still held");
-    assert_eq!(r.metrics.snapshot().lost, 0);
+    assert_eq!(r.snapshot().lost, 0);
 }
 
 /// A replica paused past its liveness comes back to find its queued ticket skipped and
@@ -622,7 +622,7 @@ fn a_second_copy_of_a_grant_being_confirmed_is_not_released() {
     let r_turn = turn(&waiting);
     tick(&r);
     r_turn.release().expect("r's turn stood throughout");
-    assert_eq!(r.metrics.snapshot().lost, 0);
+    assert_eq!(r.snapshot().lost, 0);
 }
 
 /// An enqueue retried after its first reply was lost finds its own ticket granted and

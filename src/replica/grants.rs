@@ -268,7 +268,6 @@ impl Inner {
         let metered = !is_reserved(&state.chat);
         if metered {
             inc(&self.metrics.granted);
-            inc(&self.metrics.held);
             if queued {
                 inc(&self.metrics.waited);
             }

@@ -137,7 +137,7 @@ impl Replica {
 
     /// A snapshot of this replica's counters.
     pub fn metrics(&self) -> MetricsSnapshot {
-        self.inner.metrics.snapshot()
+        self.inner.snapshot()
     }
 
     /// Waits for `chat`'s turn, blocking the calling thread, and returns it held.

@@ -19,7 +19,7 @@ use super::names::{is_reserved, shown_chat};
 use super::waiters::PlacedWaiter;
 use crate::coordinator::{EnqueueRequest, Enqueued, HeldLease, Ticket, TicketState, Waiting};
 use crate::error::{CoordinationUnavailableError, Reason};
-use crate::metrics::{dec, inc};
+use crate::metrics::inc;
 
 /// Runs ticks until the replica stops: every half renewal period (TTL/6), a re-check
 /// of the waiting tickets, and every other one also the renewal of every held lease.
@@ -177,9 +177,6 @@ impl Inner {
             }
         }
         let metered = !is_reserved(&state.chat);
-        if metered {
-            dec(&self.metrics.held);
-        }
         if state.mark_lost() {
             if metered {
                 inc(&self.metrics.lost);
