@@ -237,10 +237,15 @@ fn grant(env: &Env<'_>, chat: &mut ChatState, ticket: Ticket, alive_until: u64) 
     chat.holder = Some(Holder {
         ticket: ticket.clone(),
         token,
-        // A grant to a replica that stopped renewing lapses with its liveness, so a
-        // crashed replica's queued tickets cost the others at most one TTL in all, not
-        // one TTL each.
-        lease_until: env.now_ns.saturating_add(env.ttl_ns).min(alive_until),
+        // A grant lasts as long as its grantee's liveness: a replica that stopped
+        // renewing costs the others at most one TTL in all with its queued tickets,
+        // not one TTL each. Not `now + TTL` capped by it: `now` may be a little old
+        // (read by the caller before the call, or before a wait for the shard's
+        // lock), and the grantee counts a pushed grant from its own last sign of
+        // life, which may be newer; a lease counted from the older instant could end
+        // before the grantee stops trusting it. Liveness only ever moves up to a TTL
+        // past a call's own `now`, so with a fresh `now` the two are the same.
+        lease_until: alive_until,
     });
     Grant {
         ticket,

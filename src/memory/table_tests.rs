@@ -59,14 +59,24 @@ impl Fixture {
     }
 
     fn op<T>(&mut self, f: impl FnOnce(&mut Shard, &Env<'_>, &mut Pushes) -> T) -> T {
+        self.op_at(self.clock.now(), f)
+    }
+
+    /// [`Fixture::op`] with `now` as the call's present, as a caller that read the
+    /// clock a while before its call reached the table gives it.
+    fn op_at<T>(
+        &mut self,
+        now: Instant,
+        f: impl FnOnce(&mut Shard, &Env<'_>, &mut Pushes) -> T,
+    ) -> T {
         let alive = |r: &ReplicaId| self.alive.borrow().get(r).copied();
         let next = || {
             self.tokens.set(self.tokens.get() + 1);
             self.tokens.get()
         };
         let env = Env {
-            now: self.clock.now(),
-            now_ns: self.ns(self.clock.now()),
+            now,
+            now_ns: self.ns(now),
             ttl: TTL,
             ttl_ns: self.ns(self.base + TTL),
             history_ns: self.ns(self.base + Duration::from_secs(3600)),
@@ -266,6 +276,39 @@ fn a_grant_to_a_replica_about_to_lapse_ends_with_its_liveness() {
     };
     f.clock.advance(Duration::from_millis(1001));
     assert!(!f.renew("x", &next));
+}
+
+/// A release whose present was read 2 s before it reached the table (its thread was
+/// preempted), while the next holder's replica showed a sign of life in between: the
+/// grant lasts that replica's liveness, which is what the grantee counts a pushed
+/// grant from, not a TTL from the release's older present.
+#[test]
+fn a_grant_made_with_an_older_present_lasts_its_grantees_liveness() {
+    let mut f = Fixture::new();
+    let g = granted(f.enqueue("x", &ticket("a", 1), None));
+    let w = ticket("b", 1);
+    assert_eq!(f.enqueue("x", &w, None), Enqueued::Queued);
+    let read = f.clock.now();
+    f.later(2, "b"); // b is alive until 2 s + TTL
+    let lease = HeldLease {
+        chat: "x",
+        ticket: &g.ticket,
+        token: g.token,
+    };
+    let next = match f.op_at(read, |s, env, p| s.release(env, &lease, None, p)) {
+        Released::Released { next: None } => f.pushed().pop().expect("pushed to b"),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(next.ticket, w);
+    // Past a TTL from the old present, within b's liveness: b still holds the chat.
+    f.clock.advance(TTL - Duration::from_millis(500));
+    f.heartbeat("c");
+    assert_eq!(
+        f.enqueue("x", &ticket("c", 1), None),
+        Enqueued::Queued,
+        "b's lease must not have ended before b stops trusting it"
+    );
+    assert!(f.renew("x", &next), "b's lease still stands");
 }
 
 #[test]
