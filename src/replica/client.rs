@@ -135,6 +135,9 @@ pub(crate) struct Inner {
     pub(super) in_hand: Mutex<HashSet<u64>>,
     /// Wait deadlines, and for a bot with flows its settle cuts and delays.
     pub(crate) timer: Timer,
+    /// Told when a release leaves `held`: a stop waits on it for the releases
+    /// already on their way (see `finish_stop`). Telling nobody costs a load.
+    released_cv: Condvar,
     /// Set by a stop; the renewal thread waits on `stop_cv` between ticks.
     pub(crate) stop: Mutex<bool>,
     pub(crate) stop_cv: Condvar,
@@ -190,6 +193,7 @@ impl Inner {
             timer: Timer::default(),
             stop: Mutex::new(false),
             stop_cv: Condvar::new(),
+            released_cv: Condvar::new(),
         });
         let weak: Weak<Inner> = Arc::downgrade(&inner);
         let sink: crate::coordinator::GrantSink = Arc::new(move |chat: &str, grant: Grant| {
@@ -289,9 +293,26 @@ impl Inner {
     /// Last phase of a stop, once the threads are gone: every turn still held is lost
     /// from here on (its holder must not act on it). A clean stop then releases them
     /// all at the coordinator; a crash forgets its waiters without calling them, as a
-    /// dead process would.
+    /// dead process would. Releases already on their way are waited for first (one
+    /// TTL at most): released by the stop as well, without its message id (the
+    /// memory backend's `detach` releases every lease of the replica), such a turn
+    /// would find its own release refused and report a handled message `lost`.
     pub(crate) fn finish_stop(&self, aborted: bool) {
-        let held: Vec<Arc<TurnState>> = self.held.lock().drain().map(|(_, s)| s).collect();
+        let releasing = |s: &Arc<TurnState>| s.releasing.load(Ordering::Acquire);
+        let held: Vec<Arc<TurnState>> = {
+            let mut held = self.held.lock();
+            let until = Instant::now() + self.ttl;
+            while !aborted && held.values().any(releasing) {
+                if self.released_cv.wait_until(&mut held, until).timed_out() {
+                    break;
+                }
+            }
+            // One still on its way after that is left to its own release.
+            held.drain()
+                .map(|(_, s)| s)
+                .filter(|s| !releasing(s))
+                .collect()
+        };
         for state in &held {
             state.lost.store(true, Ordering::Release);
         }
@@ -583,7 +604,11 @@ impl Inner {
         state.releasing.store(true, Ordering::Release);
         // Whether it was still held (not taken out as lost, or by a stop) decides
         // who counts it lost in the metrics: exactly one remover does.
-        let leave_held = || self.held.lock().remove(&seq).is_some();
+        let leave_held = || {
+            let was_held = self.held.lock().remove(&seq).is_some();
+            self.released_cv.notify_all();
+            was_held
+        };
         if self.is_aborted() {
             // A crashed replica releases nothing; its lease expires.
             leave_held();
