@@ -72,8 +72,9 @@ impl fmt::Display for Reason {
 pub struct CoordinationUnavailableError {
     /// Why.
     pub reason: Reason,
-    /// The chat id (for `invalid`, cut to its first 64 characters, so a huge id does
-    /// not flood the log).
+    /// The chat id: whole, so the host can act on it (for `invalid`, cut to its first
+    /// 64 characters). The `Display` text cuts any id to 64 characters, so a huge id
+    /// does not flood the log.
     pub chat: String,
     /// The message id, when the message had one (cut like `chat` for `invalid`).
     pub message_id: Option<String>,
@@ -87,7 +88,8 @@ pub struct CoordinationUnavailableError {
     pub detail: Option<String>,
 }
 
-/// The longest chat or message id an `invalid` error carries, in characters.
+/// The longest chat or message id an `invalid` error carries, and any error's
+/// `Display` text shows, in characters.
 const SHOWN_ID_CHARS: usize = 64;
 
 fn shown_id(id: &str) -> String {
@@ -135,9 +137,10 @@ impl CoordinationUnavailableError {
 
 impl fmt::Display for CoordinationUnavailableError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let chat = shown_id(&self.chat);
         let what = match &self.message_id {
-            Some(id) => format!("message {id:?} of chat {:?}", self.chat),
-            None => format!("work on chat {:?}", self.chat),
+            Some(id) => format!("message {:?} of chat {chat:?}", shown_id(id)),
+            None => format!("work on chat {chat:?}"),
         };
         if self.reason == Reason::Invalid {
             let detail = self
@@ -152,12 +155,14 @@ impl fmt::Display for CoordinationUnavailableError {
                  timeout given to Replica::acquire_timeout, or none for Replica::try_acquire)"
             }
             (Reason::Lost, false) => {
-                "the chat's turn was lost before its work started (lease expired or taken over, \
+                "the chat's turn was lost before its work started (its lease expired or was taken \
+                 over, the backend lost its ticket, as Redis restarted without persistence does, \
                  or the replica stopped)"
             }
             (Reason::Lost, true) => {
-                "the chat's turn was lost while it was held (lease expired or taken over, or the \
-                 replica stopped); the work under it had started, so its effects (replies) may be out"
+                "the chat's turn was lost while it was held (its lease expired or was taken over, \
+                 the backend lost it, or the replica stopped); the work under it had started, so \
+                 its effects (replies) may be out"
             }
             (Reason::Backend, false) => "the coordinator could not be reached",
             (Reason::Backend, true) => {

@@ -132,3 +132,17 @@ fn a_turn_released_after_its_replica_stopped_reports_lost_while_held() {
     assert!(e.handler_started, "the holder's work ran: {e}");
     assert!(e.to_string().contains("lost while it was held"), "{e}");
 }
+
+#[test]
+fn an_error_keeps_a_long_chat_id_whole_and_shows_its_first_64_characters() {
+    let (a, b) = two_replicas();
+    let chat = "ü".repeat(2000); // 4,000 bytes: within the 4 KiB limit
+    let _held = a.acquire(&chat).expect("free");
+    let e = b.try_acquire(&chat).expect_err("held by a");
+    assert_eq!(e.reason, Reason::Timeout);
+    assert_eq!(e.chat, chat, "the host gets the id whole, to act on");
+    let shown = e.to_string();
+    let cut = format!("\"{}…\"", "ü".repeat(64));
+    assert!(shown.contains(&cut), "{shown}");
+    assert!(shown.len() < 600, "{} bytes: {shown}", shown.len());
+}

@@ -710,6 +710,10 @@ fn syntax_errors_keep_serde_json_message() {
     let err = CoordinationConfig::from_json_str("{").expect_err("not JSON");
     assert!(err.to_string().starts_with("invalid config: "), "{err}");
     assert!(err.message().contains("line 1"), "{err}");
+    // Text that is not JSON at all (TOML given to the JSON loader, say) says so.
+    let err = CoordinationConfig::from_json_str("turnWaitMs = 5").expect_err("not JSON");
+    assert!(err.message().starts_with("the text is not valid JSON: "), "{err}");
+    assert!(err.message().contains("line 1 column"), "{err}");
 }
 
 // ----- the parts on their own

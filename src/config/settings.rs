@@ -377,9 +377,16 @@ impl CoordinationConfig {
     ///
     /// # Errors
     /// A [`ConfigError`] carrying serde_json's message (which names the field, the
-    /// value and the position) when the text is not JSON or a setting is refused.
+    /// value and the position) when a setting is refused; when the text is not JSON
+    /// at all (or ends early), the message says so first, then gives serde_json's.
     pub fn from_json_str(s: &str) -> Result<Self, ConfigError> {
-        serde_json::from_str(s).map_err(|e: serde_json::Error| ConfigError::new(e.to_string()))
+        serde_json::from_str(s).map_err(|e: serde_json::Error| {
+            if e.is_syntax() || e.is_eof() {
+                ConfigError::new(format!("the text is not valid JSON: {e}"))
+            } else {
+                ConfigError::new(e.to_string())
+            }
+        })
     }
 }
 
