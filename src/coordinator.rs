@@ -374,8 +374,11 @@ pub trait Coordinator: Send + Sync + 'static {
     /// that same clock (the memory backend, unless built with a fake clock) may take
     /// it as the present instead of reading the clock again: in process, a clock
     /// read is a tenth of a turn's cost. It is never later than the call itself, so
-    /// a lease counted from it ends no later than one counted from the backend's own
-    /// reading.
+    /// the caller's own lease counted from it ends no later than one counted from the
+    /// backend's own reading. A grant the call hands on to another replica's waiter
+    /// must not be counted from it: that grantee counts a pushed grant from its own
+    /// last sign of life, which may be newer (the memory backend makes such a grant
+    /// last its grantee's liveness).
     ///
     /// # Errors
     /// [`BackendError`] when the backend cannot be reached; the ticket may or may not
