@@ -1,4 +1,5 @@
-//! The `Coordinator` contract: the seam between the runtime and the backends, and the constants every backend shares. The protocol is documented on [`Coordinator`].
+//! The `Coordinator` contract: the seam between the runtime and the backends, and the
+//! constants every backend shares. The protocol is documented on [`Coordinator`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -281,15 +282,27 @@ fn no_inspection(backend: &str) -> BackendError {
 /// Every method may block on I/O but never for longer than the backend's own timeouts;
 /// none may block waiting for a turn (waiting is the runtime's job).
 ///
-/// The `Coordinator` contract: the seam between the runtime and the backends.
-///
 /// A backend keeps, per chat, a FIFO queue of *tickets* (one per message taken in) and
 /// at most one *holder*: the ticket whose turn it is. The holder has a lease with a TTL
 /// and a fencing token that is strictly greater than every token handed out before for
 /// that chat. The runtime ([`Replica`](crate::Replica)) drives the backend through the
-/// calls below; users only implement this trait to add a backend.
+/// calls below; users implement this trait to add a backend, or to wrap one.
 ///
-/// The protocol a backend must follow, which the conformance suite in `tests/` checks:
+/// **Wrapping a backend** (to count or trace its calls, say): forward every method,
+/// the provided ones too ([`grant_if_free`](Coordinator::grant_if_free),
+/// [`release_sent`](Coordinator::release_sent),
+/// [`pushes_need_confirmation`](Coordinator::pushes_need_confirmation),
+/// [`inspect_chat`](Coordinator::inspect_chat), [`inspect`](Coordinator::inspect)).
+/// Their defaults describe a backend that has none of these, not the wrapped one: a
+/// wrapper that leaves them out stays correct, but loses the memory backend's
+/// uncontended path (its turns cost about three times as much), the confirmation of
+/// pushed grants that a Redis coordinator with `wait_replicas` asks for, and
+/// inspection. The runtime releases through `release_sent`, never `release`.
+///
+/// The protocol a backend must follow, which the conformance suite checks (a test
+/// module of this crate's repository, `tests/conformance/mod.rs`, not part of the
+/// published API: copy it into a backend's own tests, with the `tests/support` it
+/// uses, and implement its `Harness`):
 ///
 /// 1. [`enqueue`](Coordinator::enqueue) places a ticket at the tail of the chat's queue
 ///    and returns only once it is placed. When the chat is free and nobody waits, the
@@ -300,8 +313,9 @@ fn no_inspection(backend: &str) -> BackendError {
 ///    taken over by the new ticket. A backend may bound what it keeps per chat (the
 ///    Redis backend keeps a chat's newest handled ids, plus a floor for numeric ids
 ///    that rise): `Duplicate` always means handled, never a guess, except that an
-///    unknown numeric id under a rising chat's floor counts as an old one. Enqueue is idempotent per ticket: a ticket that is
-///    already queued or holding gets its place or its grant back, nothing is added (a
+///    unknown numeric id under a rising chat's floor counts as an old one. Enqueue is
+///    idempotent per ticket: a ticket that is already queued or holding gets its
+///    place or its grant back, nothing is added (a
 ///    re-queue after a lost reply, or after the re-check took a ticket for lost, must
 ///    not queue it twice).
 /// 2. [`release`](Coordinator::release) ends a holder's turn and hands the turn straight
@@ -366,8 +380,10 @@ pub trait Coordinator: Send + Sync + 'static {
     /// register a waiter before the call: the cost it saves on every uncontended turn
     /// of an in-process backend. A backend may answer `None` for anything it does not
     /// want to decide here (a request with a message id, say); the default always
-    /// does, so a backend that does not implement it costs one more function call
-    /// per enqueue, no round trip.
+    /// does. A backend over the network loses nothing by that (one more function call
+    /// per enqueue, no round trip); the memory backend implements it, and a wrapper
+    /// of it that does not forward it makes each uncontended turn register a waiter
+    /// and take the full enqueue, about three times the cost.
     ///
     /// `sent` is the caller's reading of the process's real monotonic clock
     /// ([`Instant::now`]) taken as it made the call. A backend whose table runs on
@@ -416,8 +432,9 @@ pub trait Coordinator: Send + Sync + 'static {
     /// [`release`](Coordinator::release) with the caller's reading of the process's
     /// real monotonic clock taken as it made the call, as `sent` of
     /// [`grant_if_free`](Coordinator::grant_if_free): a backend on that same clock
-    /// may take it as the present. The runtime releases through this; the default
-    /// ignores `sent` and calls `release`.
+    /// may take it as the present (the memory backend does). The runtime releases
+    /// through this, never through `release` directly; the default ignores `sent` and
+    /// calls `release`.
     ///
     /// # Errors
     /// As [`release`](Coordinator::release).

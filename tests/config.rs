@@ -712,7 +712,10 @@ fn syntax_errors_keep_serde_json_message() {
     assert!(err.message().contains("line 1"), "{err}");
     // Text that is not JSON at all (TOML given to the JSON loader, say) says so.
     let err = CoordinationConfig::from_json_str("turnWaitMs = 5").expect_err("not JSON");
-    assert!(err.message().starts_with("the text is not valid JSON: "), "{err}");
+    assert!(
+        err.message().starts_with("the text is not valid JSON: "),
+        "{err}"
+    );
     assert!(err.message().contains("line 1 column"), "{err}");
 }
 
