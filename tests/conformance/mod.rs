@@ -451,9 +451,8 @@ pub fn lost_lease_is_reported<H: Harness>() {
     let h = H::start(ttl);
     let cut = Arc::new(AtomicBool::new(false));
     let partitioned: Arc<dyn Coordinator> = Arc::new(Faulty {
-        inner: h.coordinator(),
         cut: cut.clone(),
-        deaf: false,
+        ..Faulty::new(h.coordinator())
     });
     let a = Replica::start("a", partitioned).expect("start");
     let b = Replica::start("b", h.coordinator()).expect("start");
@@ -483,9 +482,8 @@ pub fn lost_wakeup_is_covered_by_recheck<H: Harness>() {
     let ttl = Duration::from_millis(600);
     let h = H::start(ttl);
     let deaf: Arc<dyn Coordinator> = Arc::new(Faulty {
-        inner: h.coordinator(),
-        cut: Arc::default(),
         deaf: true,
+        ..Faulty::new(h.coordinator())
     });
     let a = Replica::start("a", h.coordinator()).expect("start");
     let b = Arc::new(Replica::start("b", deaf).expect("start"));
@@ -518,12 +516,28 @@ pub fn lost_wakeup_is_covered_by_recheck<H: Harness>() {
 }
 
 /// A coordinator wrapper that injects faults: renewals fail while `cut` is set (a
-/// replica cut off from the backend), and with `deaf` no push ever arrives (every
-/// wake-up is lost).
+/// replica cut off from the backend), with `deaf` no push ever arrives (every
+/// wake-up is lost), and a `door` holds the next release just before the backend.
 struct Faulty {
     inner: Arc<dyn Coordinator>,
     cut: Arc<AtomicBool>,
     deaf: bool,
+    /// The next `release` tells the first and waits on the second before it goes on.
+    door: Mutex<Option<(Sender<()>, Receiver<()>)>>,
+    /// Told once the next `detach` is done.
+    detached: Mutex<Option<Sender<()>>>,
+}
+
+impl Faulty {
+    fn new(inner: Arc<dyn Coordinator>) -> Self {
+        Faulty {
+            inner,
+            cut: Arc::default(),
+            deaf: false,
+            door: Mutex::new(None),
+            detached: Mutex::new(None),
+        }
+    }
 }
 
 impl Coordinator for Faulty {
@@ -548,7 +562,11 @@ impl Coordinator for Faulty {
         r: &botmesh::ReplicaId,
         h: &[HeldLease<'_>],
     ) -> Result<(), botmesh::BackendError> {
-        self.inner.detach(r, h)
+        let out = self.inner.detach(r, h);
+        if let Some(tx) = self.detached.lock().expect("detached").take() {
+            let _ = tx.send(());
+        }
+        out
     }
     fn enqueue(&self, q: &EnqueueRequest<'_>) -> Result<Enqueued, botmesh::BackendError> {
         self.inner.enqueue(q)
@@ -561,6 +579,11 @@ impl Coordinator for Faulty {
         l: &HeldLease<'_>,
         h: Option<&str>,
     ) -> Result<Released, botmesh::BackendError> {
+        let door = self.door.lock().expect("door").take();
+        if let Some((at, go)) = door {
+            let _ = at.send(());
+            let _ = go.recv();
+        }
         self.inner.release(l, h)
     }
     fn renew(
@@ -591,6 +614,41 @@ impl Coordinator for Faulty {
     ) -> Result<Option<(botmesh::Token, String)>, botmesh::BackendError> {
         self.inner.read_checkpoint(chat)
     }
+}
+
+/// A replica stopped cleanly while one of its turns is being released (the release
+/// sent, the backend not reached yet): the stop waits for that release before it
+/// detaches. Released by the stop too, without its message id, the turn found its
+/// own release refused and reported `lost` (the breaker review of session 11). The
+/// one bounded wait checks that something does not happen, so a slow host can only
+/// make this pass without proving the order, never fail it.
+pub fn a_release_in_flight_at_a_stop_is_not_lost<H: Harness>() {
+    let h = H::start(Duration::from_secs(10));
+    let backend = Arc::new(Faulty::new(h.coordinator()));
+    let replica = Replica::start("r", backend.clone()).expect("start");
+    let turn = replica.acquire_timeout("chat", LONG).expect("acquire");
+    let (at_tx, at_rx) = unbounded();
+    let (go_tx, go_rx) = unbounded();
+    let (detached_tx, detached_rx) = unbounded();
+    *backend.door.lock().expect("door") = Some((at_tx, go_rx));
+    *backend.detached.lock().expect("detached") = Some(detached_tx);
+    let releasing = thread::spawn(move || turn.release());
+    recv(&at_rx, "the release at the backend's door");
+    let stopping = thread::spawn(move || replica.shutdown());
+    assert!(
+        detached_rx
+            .recv_timeout(Duration::from_millis(300))
+            .is_err(),
+        "the stop detached while a release was on its way"
+    );
+    go_tx.send(()).expect("let the release through");
+    let released = releasing.join().expect("the release thread");
+    recv(&detached_rx, "the stop's detach");
+    stopping.join().expect("the stop thread");
+    assert!(
+        released.is_ok(),
+        "a release sent before the stop: {released:?}"
+    );
 }
 
 /// The same message id reaching two replicas a few ms apart is handled once; the
@@ -1058,6 +1116,11 @@ macro_rules! suite {
         fn a_waiter_that_gave_up_is_not_its_own_previous_holder() {
             let _serial = crate::support::serial();
             conformance::a_waiter_that_gave_up_is_not_its_own_previous_holder::<$h>();
+        }
+        #[test]
+        fn a_release_in_flight_at_a_stop_is_not_lost() {
+            let _serial = crate::support::serial();
+            conformance::a_release_in_flight_at_a_stop_is_not_lost::<$h>();
         }
         #[test]
         fn crashed_holder_frees_chat() {
