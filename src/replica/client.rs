@@ -213,7 +213,7 @@ impl Inner {
     /// `t` of this replica's clock as a reading of the real clock, for a backend that
     /// may take it as the present ([`Coordinator::grant_if_free`]): `t` itself on the
     /// real clock, the real present on a fake one (a test's).
-    fn real(&self, t: Instant) -> Instant {
+    pub(super) fn real(&self, t: Instant) -> Instant {
         if self.clock.is_fake() {
             Instant::now()
         } else {

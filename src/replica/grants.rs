@@ -300,7 +300,7 @@ impl Inner {
             token: grant.token,
         };
         let sent = self.clock.now();
-        match self.coordinator.release(&lease, None) {
+        match self.coordinator.release_sent(&lease, None, self.real(sent)) {
             Ok(Released::Released { next: Some(next) }) => {
                 self.deliver_from(chat, next, Some(sent));
             }
