@@ -349,10 +349,15 @@ fn get_updates(conn: &TcpStream, shared: &(Mutex<State>, Condvar), label: String
     let offset = p["offset"].as_i64();
     let timeout = Duration::from_secs(p["timeout"].as_u64().unwrap_or(0));
     let limit = p["limit"].as_u64().unwrap_or(100) as usize;
-    let start = Instant::now();
     let me;
+    let start;
     {
         let mut g = lock(shared);
+        // Read under the lock, so polls' starts rise with their order in `polls`: a
+        // start read before it let a poll registered after a newer one carry the
+        // earlier start, and `wait_poll(conflict.at, ..)` then found the very poll
+        // the 409 was about to end, before its client had seen the 409.
+        start = Instant::now();
         g.poll_count += 1;
         if g.rate_limit_every > 0 && g.poll_count.is_multiple_of(g.rate_limit_every) {
             g.polls.push(Poll {
