@@ -146,3 +146,39 @@ fn an_error_keeps_a_long_chat_id_whole_and_shows_its_first_64_characters() {
     assert!(shown.contains(&cut), "{shown}");
     assert!(shown.len() < 600, "{} bytes: {shown}", shown.len());
 }
+
+#[test]
+fn a_free_chat_and_a_waited_one_each_count_once_as_accepted_and_granted() {
+    use botmesh::Coordinator as _;
+    let c = Arc::new(MemoryCoordinator::new());
+    let a = Replica::start("a", c.clone()).expect("a");
+    let b = Replica::start("b", c.clone()).expect("b");
+    // Uncontended: granted in the answer to its request.
+    let held = a.acquire("chat").expect("free");
+    let m = a.metrics();
+    assert_eq!((m.accepted, m.turns_granted, m.turns_waited), (1, 1, 0));
+    assert_eq!(m.wait_histogram.iter().sum::<u64>(), 1);
+    assert_eq!(m.wait_histogram[0], 1, "no wait: under 1 µs");
+    assert_eq!(m.turns_held, 1);
+    // Contended: b's ticket waits in the queue until a releases.
+    let (asked, asking) = crossbeam_channel::bounded(1);
+    let waiter = std::thread::spawn(move || {
+        asked.send(()).expect("main waits");
+        let turn = b.acquire("chat").expect("granted after a's release");
+        turn.release().expect("release");
+        b
+    });
+    asking.recv().expect("waiter started");
+    // The waiter's ticket is queued once the chat shows it (no sleep).
+    while c.inspect_chat("chat").expect("inspect").queued == 0 {
+        std::thread::yield_now();
+    }
+    held.release().expect("release");
+    let b = waiter.join().expect("waiter");
+    let m = b.metrics();
+    assert_eq!((m.accepted, m.turns_granted, m.turns_waited), (1, 1, 1));
+    assert_eq!(m.wait_histogram.iter().sum::<u64>(), 1);
+    assert_eq!(a.metrics().turns_held, 0);
+    a.shutdown();
+    b.shutdown();
+}

@@ -544,11 +544,14 @@ impl Shard {
             .as_ref()
             .is_some_and(|h| &h.ticket == lease.ticket && h.token == lease.token);
         let result = if ours {
-            chat.holder = None;
-            chat.previous = Some(Previous {
-                replica: lease.ticket.replica.clone(),
-                token: lease.token,
-            });
+            // The holder's own name of its replica moves to `previous`: no reference
+            // count taken and dropped on the release of every turn.
+            if let Some(h) = chat.holder.take() {
+                chat.previous = Some(Previous {
+                    replica: h.ticket.replica,
+                    token: h.token,
+                });
+            }
             let next = match settle(env, chat) {
                 Some(g) if g.ticket.replica == lease.ticket.replica => Some(g),
                 Some(g) => {

@@ -21,7 +21,7 @@ use crate::coordinator::{
     Ticket, Token, Waiting,
 };
 use crate::error::{CoordinationUnavailableError, Reason};
-use crate::metrics::{Metrics, dec, inc};
+use crate::metrics::{Counted, Metrics, dec, inc};
 use crate::timer::Timer;
 
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
@@ -465,15 +465,19 @@ impl Inner {
             // ticket can be pushed, so no waiter is registered first.
             match self.coordinator.grant_if_free(&request, self.real(sent)) {
                 Ok(Some(grant)) => {
-                    if metered {
-                        inc(&self.metrics.accepted);
-                    }
+                    // Counted as accepted by `Counted::AtOnce`.
                     // The lease started after this request was sent. The turn did not
                     // wait: it never had a place in a queue (and a clock read to time
                     // the call would be a tenth of the in-process turn's cost).
                     let valid_until = sent + self.trusted;
-                    let turn =
-                        self.new_turn(chat.into(), None, Duration::ZERO, grant, false, valid_until);
+                    let turn = self.new_turn(
+                        chat.into(),
+                        None,
+                        Duration::ZERO,
+                        grant,
+                        Counted::AtOnce,
+                        valid_until,
+                    );
                     return Ok(Placed {
                         turn: on_grant.take_turn(turn),
                         ..placed(Accepted::Queued, None)

@@ -13,7 +13,7 @@ use super::names::{ChatName, is_reserved, shown_chat};
 use super::turn::Turn;
 use crate::coordinator::{Grant, HeldLease, Previous, Released};
 use crate::error::{CoordinationUnavailableError, Reason};
-use crate::metrics::{dec, inc};
+use crate::metrics::{Counted, dec, inc};
 
 /// Grants released unused that a replica remembers (see `Inner::unused`): the next
 /// grant on the chat follows within the same release, or within one re-check, so a
@@ -235,7 +235,7 @@ impl Inner {
             w.message_id,
             waited,
             grant,
-            queued,
+            Counted::Placed { queued },
             valid_until,
         );
         (turn, w.on_grant)
@@ -249,7 +249,7 @@ impl Inner {
         message_id: Option<Arc<str>>,
         waited: Duration,
         grant: Grant,
-        queued: bool,
+        counted: Counted,
         valid_until: Instant,
     ) -> Turn {
         let previous = self.previous_of(&chat, grant.previous);
@@ -267,11 +267,7 @@ impl Inner {
         self.held.lock().insert(state.ticket.seq, state.clone());
         let metered = !is_reserved(&state.chat);
         if metered {
-            inc(&self.metrics.granted);
-            if queued {
-                inc(&self.metrics.waited);
-            }
-            self.metrics.record_wait(waited);
+            self.metrics.count_turn(counted, waited);
         }
         let turn = Turn::new(state, self.clone());
         if metered && turn.is_handover() {

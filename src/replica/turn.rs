@@ -33,10 +33,10 @@ pub(crate) trait Owner: Send + Sync {
 pub struct Turn {
     /// Shared with the renewal thread, which extends or loses the lease.
     pub(crate) state: Arc<TurnState>,
-    /// The replica that releases it.
-    owner: Arc<dyn Owner>,
-    /// Set once released, so `Drop` does not release again.
-    done: bool,
+    /// The replica that releases it; taken by the release (moved into the owner's
+    /// call, not cloned: no reference count taken and dropped per turn), so `None`
+    /// once released and `Drop` does not release again.
+    owner: Option<Arc<dyn Owner>>,
 }
 
 impl std::fmt::Debug for Turn {
@@ -53,8 +53,7 @@ impl Turn {
     pub(crate) fn new(state: Arc<TurnState>, owner: Arc<dyn Owner>) -> Turn {
         Turn {
             state,
-            owner,
-            done: false,
+            owner: Some(owner),
         }
     }
 
@@ -106,7 +105,10 @@ impl Turn {
     /// expires the lease, give or take clock drift over one TTL). Once true, it stays
     /// true. A lost turn no longer excludes anyone; stop work.
     pub fn is_lost(&self) -> bool {
-        self.state.is_lost_at(self.owner.now())
+        // The owner is only gone once the turn was released, which consumed it.
+        self.owner
+            .as_ref()
+            .is_none_or(|owner| self.state.is_lost_at(owner.now()))
     }
 
     /// Releases the turn, handing the chat to its next waiter.
@@ -118,28 +120,31 @@ impl Turn {
     /// coordinator could not be reached (the lease then expires after its TTL). Either
     /// has `handler_started` set: whatever was done under the turn may be out.
     pub fn release(mut self) -> Result<(), CoordinationUnavailableError> {
-        self.done = true;
         // The holder's work ran under the turn: its effects may be out, whatever the
         // release found (`handler_started`).
-        self.owner
-            .clone()
-            .release(&self.state, None)
+        self.release_once(None)
             .map_err(CoordinationUnavailableError::after_handler)
     }
 
     /// Releases after the message was handled, making its duplicate claim final.
     pub(crate) fn release_handled(mut self) -> Result<(), CoordinationUnavailableError> {
-        self.done = true;
         let id = self.state.message_id.clone();
-        self.owner.clone().release(&self.state, id.as_deref())
+        self.release_once(id.as_deref())
+    }
+
+    /// Releases through the owner, taken out so that no later call releases again; a
+    /// turn already released releases nothing.
+    fn release_once(&mut self, handled: Option<&str>) -> Result<(), CoordinationUnavailableError> {
+        match self.owner.take() {
+            Some(owner) => owner.release(&self.state, handled),
+            None => Ok(()),
+        }
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        if !self.done
-            && let Err(e) = self.owner.clone().release(&self.state, None)
-        {
+        if let Err(e) = self.release_once(None) {
             log::warn!(target: "botmesh::turn", "release on drop: {e}");
         }
     }
