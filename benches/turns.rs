@@ -65,7 +65,11 @@ use std::sync::{Arc, Barrier, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use botmesh::{MemoryCoordinator, Replica, Turn};
+
+#[path = "../examples/common/floor.rs"]
+mod floor;
 use criterion::{Criterion, criterion_group};
+use floor::ContractFloor;
 use serde_json::json;
 
 /// Distinct chats the uncontended workloads cycle over.
@@ -251,120 +255,19 @@ impl ChatLock for PerChatTicketLock {
     }
 }
 
-/// The contract floor's maps: foldhash, as the turn table's.
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-
-/// The least state the turn contract asks of an uncontended pair, with no queue, no
-/// waiting and no renewal thread: a probe of what W1 could cost at best, not a lock
-/// (a second ask of a held chat panics). Per pair: a read of the clock as the lease
-/// starts and one as it ends (the holder's lost verdict), the lease registered with
-/// its holder (a map the renewal would walk), the chat's entry in a sharded map while
-/// held, a fencing token from one counter, and the chat's last holder kept for the
-/// next grant's `previous` once it is idle. `HISTORY` and `LEASE` false leave those
-/// parts out, to show what each costs (`--profile-w1 ROUNDS floor-no-history`, …).
-///
-/// Issue 11 asks W1 of the turn to reach the per-chat condvar lock; this is the
-/// yardstick of how far the contract's own state allows that (README, *Turn table,
-/// in process*).
-struct ContractFloor<const HISTORY: bool = true, const LEASE: bool = true> {
-    /// Chats by a hash of their name, each shard under its own lock, as the table's.
-    shards: Vec<Mutex<FloorShard>>,
-    hasher: foldhash::fast::RandomState,
-    /// Fencing tokens: one counter, so they rise per chat after its entry is gone.
-    last_token: AtomicU64,
-    /// The holder's leases by ticket, as a replica keeps them for its renewal thread.
-    held: Mutex<FastMap<u64, Arc<(Instant, u64)>>>,
-    /// Ticket numbers, as a replica draws them.
-    seq: AtomicU64,
-    /// The holder's name, kept in each idle chat's history.
-    replica: Arc<str>,
-}
-
-thread_local! {
-    /// The one instant the floor's variants without a lease use instead of a clock read.
-    static START: Instant = Instant::now();
-}
-
-#[derive(Default)]
-struct FloorShard {
-    /// Held chats and their tokens.
-    active: FastMap<compact_str::CompactString, u64>,
-    /// (last holder, its token, remembered until).
-    history: FastMap<compact_str::CompactString, (Arc<str>, u64, Instant)>,
-}
-
-impl<const H: bool, const L: bool> Default for ContractFloor<H, L> {
-    fn default() -> Self {
-        ContractFloor {
-            shards: (0..32).map(|_| Mutex::default()).collect(),
-            hasher: Default::default(),
-            last_token: AtomicU64::new(0),
-            held: Mutex::default(),
-            seq: AtomicU64::new(0),
-            replica: Arc::from("floor"),
-        }
-    }
-}
-
-impl<const H: bool, const L: bool> ContractFloor<H, L> {
-    fn shard(&self, chat: &str) -> &Mutex<FloorShard> {
-        use std::hash::BuildHasher;
-        &self.shards[self.hasher.hash_one(chat) as usize % self.shards.len()]
-    }
-}
-
 impl<const H: bool, const L: bool> ChatLock for ContractFloor<H, L> {
-    /// (ticket, token, the previous holder's token).
-    type Held = (u64, u64, Option<u64>);
+    type Held = floor::FloorHeld;
 
     fn lock(&self, chat: &str) -> Self::Held {
-        let sent = if L {
-            Instant::now()
-        } else {
-            START.with(|s| *s)
-        };
-        let token = self.last_token.fetch_add(1, Ordering::Relaxed) + 1;
-        let previous = {
-            let mut shard = self.shard(chat).lock().expect("floor poisoned");
-            let previous = if H {
-                shard.history.remove(chat).map(|p| p.1)
-            } else {
-                None
-            };
-            let fresh = shard.active.insert(chat.into(), token).is_none();
-            assert!(fresh, "the contract floor is uncontended only");
-            previous
-        };
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
-        if L {
-            let lease = Arc::new((sent + Duration::from_secs(10), token));
-            self.held.lock().expect("floor poisoned").insert(seq, lease);
-        }
-        (seq, token, previous)
+        ContractFloor::lock(self, chat)
     }
 
     fn token(held: &Self::Held) -> u64 {
         held.1
     }
 
-    fn unlock(&self, chat: &str, (seq, token, _): Self::Held) {
-        let now = if L {
-            let lease = self.held.lock().expect("floor poisoned").remove(&seq);
-            let now = Instant::now();
-            assert!(lease.is_some_and(|l| now <= l.0), "the lease ran out");
-            now
-        } else {
-            START.with(|s| *s)
-        };
-        let mut shard = self.shard(chat).lock().expect("floor poisoned");
-        if let Some((name, _)) = shard.active.remove_entry(chat)
-            && H
-        {
-            let until = now + Duration::from_secs(3600);
-            shard
-                .history
-                .insert(name, (self.replica.clone(), token, until));
-        }
+    fn unlock(&self, chat: &str, held: Self::Held) {
+        ContractFloor::unlock(self, chat, held);
     }
 }
 
@@ -812,6 +715,8 @@ trait W1Lock {
 }
 
 impl<L: ChatLock> W1Lock for L {
+    // Never inlined, so `callgrind_annotate` finds every variant's round by this name.
+    #[inline(never)]
     fn round(&self, chats: &[String]) -> (f64, Vec<u64>) {
         let mut each = Vec::with_capacity(chats.len());
         let start = Instant::now();
@@ -991,7 +896,7 @@ fn direct_measurements(full: bool) {
 
 /// `turns --profile-w1 ROUNDS [turn|per-chat|one-map|floor|floor-no-lease|floor-no-history|
 /// floor-map-token]`: only one variant's W1 rounds
-/// (the turn table's by default), for a profiler (`valgrind --tool=callgrind`),
+/// (the turn table's by default; an unknown name is refused), for a profiler (`valgrind --tool=callgrind`),
 /// nothing printed but the rate.
 fn profile_w1(rounds: usize, variant: &str) {
     let w1 = match variant {
@@ -1009,7 +914,14 @@ fn profile_w1(rounds: usize, variant: &str) {
         "floor-map-token" => measure_w1(rounds, |round| {
             round(&ContractFloor::<false, false>::default())
         }),
-        _ => w1_turn_table(rounds),
+        "turn" => w1_turn_table(rounds),
+        other => {
+            eprintln!(
+                "turns --profile-w1: {other:?} is not a variant (turn, per-chat, one-map, floor, \
+                 floor-no-lease, floor-no-history, floor-map-token)"
+            );
+            std::process::exit(2);
+        }
     };
     println!(
         "W1 {variant}: {:.0} pairs/s, p50 {} ns",

@@ -57,9 +57,15 @@
 //! `--replicas 1` (run several workers with `--threads` instead); anything else is
 //! refused rather than measured as if the processes excluded each other. Redis is still
 //! used for the critical section with `--cs redis` (and for W3's sequence).
+//! `--backend contract-floor`: no botmesh turn at all, but the bench's contract floor
+//! (`examples/common/floor.rs`: the least state the turn's contract keeps for an
+//! uncontended pair, with no queue), a yardstick for W1 measured in this worker's
+//! frame; W1 only, as it is no lock.
 
 #![forbid(unsafe_code)]
 
+#[path = "common/floor.rs"]
+mod floor;
 #[path = "common/signals.rs"]
 mod signals;
 
@@ -93,7 +99,10 @@ usage: bench_worker --workload W1|W2|W3 --out FILE [options]
   --cs redis|mem        where the critical section works       (default redis)
   --port P              Redis at 127.0.0.1:P                   (default 6379)
   --deadline-ms D       bound of the run from GO               (default 600000)
-  --backend redis|memory  the coordinator (memory needs --replicas 1) (default redis)
+  --backend redis|memory|contract-floor
+                        the coordinator (memory needs --replicas 1; contract-floor,
+                        a yardstick of W1's least cost, is no lock: W1 only)
+                        (default redis)
   --out FILE            where the samples go (JSON, written atomically)
 
 Prints READY once connected, waits for the line GO on stdin, runs, writes FILE,
@@ -121,6 +130,8 @@ enum CsKind {
 enum Backend {
     Redis,
     Memory,
+    /// The bench's contract floor in place of the turn (see the module docs).
+    ContractFloor,
 }
 
 #[derive(Debug)]
@@ -212,7 +223,12 @@ fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String> {
                 o.backend = match text(&mut parser, "--backend")?.as_str() {
                     "redis" => Backend::Redis,
                     "memory" => Backend::Memory,
-                    v => return Err(format!("--backend: {v:?} is not redis or memory")),
+                    "contract-floor" => Backend::ContractFloor,
+                    v => {
+                        return Err(format!(
+                            "--backend: {v:?} is not redis, memory or contract-floor"
+                        ));
+                    }
                 };
             }
             Long("out") => {
@@ -234,10 +250,18 @@ fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String> {
             o.replica, o.replicas
         ));
     }
-    if o.backend == Backend::Memory && o.replicas > 1 {
+    if o.backend == Backend::ContractFloor && o.workload != Workload::W1 {
         return Err(format!(
-            "--backend memory: its turns live inside one process, so {} processes would not \
+            "--backend contract-floor: a yardstick of W1's least cost, not a lock (a second \
+             ask of a held chat would panic); it runs W1 only, not {:?}",
+            o.workload
+        ));
+    }
+    if o.backend != Backend::Redis && o.replicas > 1 {
+        return Err(format!(
+            "--backend {}: its turns live inside one process, so {} processes would not \
              exclude each other; use --replicas 1 with --threads T, or --backend redis",
+            backend_name(o.backend),
             o.replicas
         ));
     }
@@ -437,6 +461,8 @@ impl Gate {
 struct Job<'a> {
     o: &'a Options,
     replica: &'a Replica,
+    /// `--backend contract-floor`: taken and given back instead of the replica's turn.
+    floor: Option<&'a floor::ContractFloor>,
     gate: &'a Gate,
     /// Raised by SIGTERM / SIGINT: stop as at the deadline.
     stop: &'a AtomicBool,
@@ -466,6 +492,19 @@ impl Job<'_> {
         let wait = deadline.saturating_duration_since(Instant::now());
         if wait.is_zero() || signals::raised(self.stop) {
             return Round::Deadline;
+        }
+        if let Some(floor) = self.floor {
+            let t_req = now_ns();
+            let held = floor.lock(chat);
+            let t_acq = now_ns();
+            let k = work(out);
+            let t_rel = now_ns();
+            floor.unlock(chat, held);
+            let t_done = now_ns();
+            if let Some(k) = k {
+                out.samples.push([t_req, t_acq, t_rel, t_done, k]);
+            }
+            return Round::Done;
         }
         let t_req = now_ns();
         let turn = match self.replica.acquire_timeout(chat, wait) {
@@ -625,6 +664,15 @@ fn peer(backend: Backend) -> &'static str {
     match backend {
         Backend::Redis => "botmesh-redis",
         Backend::Memory => "botmesh-memory",
+        Backend::ContractFloor => "contract-floor",
+    }
+}
+
+fn backend_name(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Redis => "redis",
+        Backend::Memory => "memory",
+        Backend::ContractFloor => "contract-floor",
     }
 }
 
@@ -697,8 +745,12 @@ fn run(o: &Options) -> Result<(), String> {
             RedisCoordinator::connect(RedisOptions::new(redis_url(o.port)).with_lease_ttl(ttl))
                 .map_err(|e| format!("RedisCoordinator at 127.0.0.1:{}: {e}", o.port))?,
         ),
-        Backend::Memory => Arc::new(MemoryCoordinator::with_settings(ttl, DEFAULT_DEDUP_WINDOW)),
+        // The floor's worker still starts a replica (unused), so both frames set up alike.
+        Backend::Memory | Backend::ContractFloor => {
+            Arc::new(MemoryCoordinator::with_settings(ttl, DEFAULT_DEDUP_WINDOW))
+        }
     };
+    let floor = (o.backend == Backend::ContractFloor).then(floor::ContractFloor::default);
     let replica = Replica::start(format!("r{}", o.replica), coordinator)
         .map_err(|e| format!("replica: {e}"))?;
     let stop = signals::flag_on_signal().map_err(|e| format!("signal handler: {e}"))?;
@@ -729,6 +781,7 @@ fn run(o: &Options) -> Result<(), String> {
             let job = Job {
                 o,
                 replica: &replica,
+                floor: floor.as_ref(),
                 gate: &gate,
                 stop: &stop,
                 t,
@@ -784,7 +837,7 @@ fn run(o: &Options) -> Result<(), String> {
         "pid": std::process::id(),
         "meta": {
             "version": {"lib": env!("CARGO_PKG_VERSION")},
-            "backend": match o.backend { Backend::Redis => "redis", Backend::Memory => "memory" },
+            "backend": backend_name(o.backend),
             "ttl_ms": o.ttl_ms,
         },
         "workers": workers,
@@ -844,5 +897,27 @@ mod tests {
         };
         assert!(parse(args("2")).is_err());
         assert!(matches!(parse(args("1")), Ok(Command::Run(_))));
+    }
+
+    #[test]
+    fn the_contract_floor_runs_w1_alone_in_one_process() {
+        let args = |w: &str, r: &str| {
+            [
+                "--workload",
+                w,
+                "--backend",
+                "contract-floor",
+                "--replicas",
+                r,
+                "--out",
+                "x",
+            ]
+            .map(OsString::from)
+        };
+        assert!(matches!(parse(args("W1", "1")), Ok(Command::Run(_))));
+        for (w, r) in [("W2", "1"), ("W3", "1"), ("W1", "2")] {
+            let err = parse(args(w, r)).err().unwrap_or_default();
+            assert!(err.contains("contract-floor"), "{w} {r}: {err}");
+        }
     }
 }

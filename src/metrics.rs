@@ -135,13 +135,18 @@ impl Metrics {
 #[non_exhaustive]
 pub struct MetricsSnapshot {
     /// Messages taken in (duplicates not included), plus wake-ups of conversations
-    /// whose `delay` ran out (they queue for the chat's turn like a message).
+    /// whose `delay` ran out (they queue for the chat's turn like a message). With the
+    /// lock API ([`Replica::acquire`](crate::Replica::acquire) and its family) every
+    /// ask that got a ticket counts, granted or not: a `try_acquire` refused at once,
+    /// or an ask whose wait ran out, counts here and in `timed_out`.
     pub accepted: u64,
     /// Turns granted to this replica.
     pub turns_granted: u64,
     /// Of those, turns that were not free at intake (the message queued first).
     pub turns_waited: u64,
-    /// Messages dropped because they waited longer than `turn_wait`.
+    /// Messages dropped because they waited longer than `turn_wait`; with the lock
+    /// API, asks whose wait ran out (their `timeout` or `deadline`; a `try_acquire`
+    /// that found the chat held waits not at all, and counts here too).
     pub timed_out: u64,
     /// Turns whose lease was lost while held.
     pub lost: u64,
