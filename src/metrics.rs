@@ -134,7 +134,9 @@ impl Metrics {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct MetricsSnapshot {
-    /// Messages taken in (duplicates not included), plus wake-ups of conversations
+    /// Messages taken in (duplicates not included: a message taken in while a delivery
+    /// of its id was still running elsewhere waits for that one, and is counted here
+    /// once it ends otherwise than as a duplicate), plus wake-ups of conversations
     /// whose `delay` ran out (they queue for the chat's turn like a message). With the
     /// lock API ([`Replica::acquire`](crate::Replica::acquire) and its family) every
     /// ask that got a ticket counts, granted or not: a `try_acquire` refused at once,

@@ -21,7 +21,7 @@ use crate::coordinator::{
     Ticket, Token, Waiting,
 };
 use crate::error::{CoordinationUnavailableError, Reason};
-use crate::metrics::{Counted, Metrics, dec, inc};
+use crate::metrics::{Metrics, inc};
 use crate::timer::Timer;
 
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
@@ -319,8 +319,8 @@ impl Inner {
         if aborted {
             // Dropped without being called; `acquire`'s slot fills itself on drop.
             let forgotten: Vec<Waiter> = self.waiting.lock().drain().collect();
-            for _ in forgotten.iter().filter(|w| !is_reserved(&w.chat)) {
-                dec(&self.metrics.waiting);
+            for w in &forgotten {
+                self.left_table(w, false);
             }
             return;
         }
@@ -465,19 +465,7 @@ impl Inner {
             // ticket can be pushed, so no waiter is registered first.
             match self.coordinator.grant_if_free(&request, self.real(sent)) {
                 Ok(Some(grant)) => {
-                    // Counted as accepted by `Counted::AtOnce`.
-                    // The lease started after this request was sent. The turn did not
-                    // wait: it never had a place in a queue (and a clock read to time
-                    // the call would be a tenth of the in-process turn's cost).
-                    let valid_until = sent + self.trusted;
-                    let turn = self.new_turn(
-                        chat.into(),
-                        None,
-                        Duration::ZERO,
-                        grant,
-                        Counted::AtOnce,
-                        valid_until,
-                    );
+                    let turn = self.turn_at_once(chat, grant, sent);
                     return Ok(Placed {
                         turn: on_grant.take_turn(turn),
                         ..placed(Accepted::Queued, None)
@@ -504,6 +492,7 @@ impl Inner {
                 alive_from: since,
                 placed: false,
                 in_flight: false,
+                uncounted: false,
                 on_grant,
             },
         );
@@ -527,7 +516,10 @@ impl Inner {
                 })
             }
             Ok(answer @ (Enqueued::Queued | Enqueued::InFlight)) => {
-                if metered {
+                // A message whose id is in flight elsewhere is counted once it ends
+                // otherwise than as a duplicate (see `Waiter::uncounted`).
+                let in_flight = matches!(answer, Enqueued::InFlight);
+                if metered && !in_flight {
                     inc(&self.metrics.accepted);
                 }
                 // A ticket granted meanwhile (by a push) needs no deadline. One whose
@@ -535,7 +527,7 @@ impl Inner {
                 let waiting = {
                     let mut table = self.waiting.lock();
                     match answer {
-                        Enqueued::InFlight => table.mark_in_flight(seq),
+                        Enqueued::InFlight => table.mark_in_flight(seq, true),
                         // Queuing it refreshed our liveness in the chat, but that is not
                         // counted for the chat's other tickets: it does not lengthen a
                         // lease already granted to one of them (bounded by the liveness
@@ -543,8 +535,12 @@ impl Inner {
                         _ => table.mark_placed(seq),
                     }
                 };
-                if waiting && matches!(answer, Enqueued::InFlight) {
+                if in_flight && waiting {
                     self.retry_later_unless_ticking(seq);
+                } else if in_flight && metered {
+                    // Ended already (a stop), before it could be marked: not as a
+                    // duplicate, which only an answer to a marked ticket finds.
+                    inc(&self.metrics.accepted);
                 }
                 if waiting && let Some(deadline) = since.checked_add(wait) {
                     self.expire_at(seq, deadline);

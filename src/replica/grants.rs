@@ -36,20 +36,34 @@ impl Inner {
             }
             w
         }?;
-        if !is_reserved(&w.chat) {
-            dec(&self.metrics.waiting);
-        }
+        self.left_table(&w, false);
         Some((w, InHand { inner: self, seq }))
     }
 
+    /// Takes a waiter out of the table: whoever takes it owns its outcome.
     pub(crate) fn take_waiter(&self, seq: u64) -> Option<Waiter> {
-        let w = self.waiting.lock().take(seq);
-        if let Some(w) = &w
-            && !is_reserved(&w.chat)
-        {
+        let w = self.waiting.lock().take(seq)?;
+        self.left_table(&w, false);
+        Some(w)
+    }
+
+    /// Takes out a waiter whose message ends as a duplicate of another delivery.
+    pub(crate) fn take_duplicate(&self, seq: u64) -> Option<Waiter> {
+        let w = self.waiting.lock().take(seq)?;
+        self.left_table(&w, true);
+        Some(w)
+    }
+
+    /// Counts a waiter out of the table: the `waiting` gauge, and the acceptance of a
+    /// message held back while its id was in flight elsewhere, unless it ends as a
+    /// `duplicate` (see `Waiter::uncounted`). Reserved names are not metered.
+    pub(crate) fn left_table(&self, w: &Waiter, duplicate: bool) {
+        if !is_reserved(&w.chat) {
             dec(&self.metrics.waiting);
+            if w.uncounted && !duplicate {
+                inc(&self.metrics.accepted);
+            }
         }
-        w
     }
 
     /// Routes a grant heard of after the fact (a push, the re-check, a cancel that
@@ -239,6 +253,17 @@ impl Inner {
             valid_until,
         );
         (turn, w.on_grant)
+    }
+
+    /// The held turn of a grant made on a free chat in the answer to the request sent
+    /// at `sent`, registered for renewal; counted as accepted too (`Counted::AtOnce`).
+    pub(super) fn turn_at_once(self: &Arc<Self>, chat: &str, grant: Grant, sent: Instant) -> Turn {
+        // The lease started after the request was sent. The turn did not wait: it
+        // never had a place in a queue (and a clock read to time the call would be a
+        // tenth of the in-process turn's cost).
+        let valid_until = sent + self.trusted;
+        let (waited, counted) = (Duration::ZERO, Counted::AtOnce);
+        self.new_turn(chat.into(), None, waited, grant, counted, valid_until)
     }
 
     /// The held turn of a grant to a ticket of `chat` taken in at `since` (see

@@ -426,12 +426,12 @@ impl Inner {
                 self.waiting.lock().mark_placed(seq);
             }
             Ok(Enqueued::InFlight) => {
-                self.waiting.lock().mark_in_flight(seq);
+                self.waiting.lock().mark_in_flight(seq, false);
             }
             Ok(Enqueued::Duplicate) => {
                 // Another delivery of this message was handled meanwhile: the message
                 // ends as a duplicate, which it is.
-                if let Some(w) = self.take_waiter(seq) {
+                if let Some(w) = self.take_duplicate(seq) {
                     inc(&self.metrics.duplicates);
                     w.on_grant.end(Err(NoTurn::Duplicate));
                 }

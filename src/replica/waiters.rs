@@ -36,6 +36,11 @@ pub(crate) struct Waiter<G> {
     /// ([`Enqueued::InFlight`](crate::Enqueued::InFlight)): the ticket is not queued
     /// anywhere, and the renewal tick asks again.
     pub(crate) in_flight: bool,
+    /// Set while the message is not counted in `accepted` yet: its first answer was
+    /// that its id is in flight on another delivery, so it may end as a duplicate,
+    /// which `accepted` leaves out. Counted once it leaves the table otherwise (see
+    /// `Inner::left_table`).
+    pub(crate) uncounted: bool,
     /// What runs when the wait ends, with the turn or with why not.
     pub(crate) on_grant: G,
 }
@@ -133,13 +138,16 @@ impl<G> Waiters<G> {
     }
 
     /// Marks a ticket as waiting for a delivery of its id elsewhere; `false` if it is
-    /// gone already.
-    pub(crate) fn mark_in_flight(&mut self, seq: u64) -> bool {
+    /// gone already. `first`: this is the ticket's first answer, so its acceptance is
+    /// not counted until it ends otherwise than as a duplicate (see
+    /// [`Waiter::uncounted`]).
+    pub(crate) fn mark_in_flight(&mut self, seq: u64, first: bool) -> bool {
         self.map
             .get_mut(&seq)
             .map(|w| {
                 w.in_flight = true;
                 w.placed = false;
+                w.uncounted |= first;
             })
             .is_some()
     }
@@ -284,6 +292,7 @@ mod tests {
             alive_from: since,
             placed,
             in_flight: false,
+            uncounted: false,
             on_grant: "cb",
         }
     }

@@ -705,13 +705,27 @@ pub fn duplicate_across_replicas<H: Harness>() {
         Accepted::Queued
     );
     go_tx.send(()).expect("let a's handler go");
-    a.shutdown();
     let mut outcomes: Vec<_> = Vec::new();
     while outcomes.len() < 2 {
         outcomes.push(out_rx.recv_timeout(LONG).expect("both deliveries end"));
     }
+    let ma = a.metrics();
+    a.shutdown();
     // A duplicate at once after the first was handled.
     assert_eq!(b.intake().deliver(m).expect("deliver"), Accepted::Duplicate);
+    // Duplicates are not counted as accepted, also the one held back while a's ran.
+    let mb = b.metrics();
+    assert_eq!(
+        (ma.accepted, ma.handled, ma.duplicates),
+        (1, 1, 0),
+        "{ma:?}"
+    );
+    assert_eq!(
+        (mb.accepted, mb.handled, mb.duplicates),
+        (0, 0, 2),
+        "{mb:?}"
+    );
+    assert_eq!(mb.tickets_waiting, 0, "{mb:?}");
     b.shutdown();
     outcomes.extend(out_rx.try_iter());
     assert_eq!(outcomes.iter().filter(|o| !o.2).count(), 1, "{outcomes:?}");
