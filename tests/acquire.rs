@@ -182,3 +182,34 @@ fn a_free_chat_and_a_waited_one_each_count_once_as_accepted_and_granted() {
     a.shutdown();
     b.shutdown();
 }
+
+/// A turn dropped by a thread that panics while holding it is released once by the
+/// unwinding drop: the next holder names it as previous, and nothing counts it lost.
+#[test]
+fn a_turn_dropped_while_its_thread_panics_is_released_once() {
+    let c = Arc::new(MemoryCoordinator::new());
+    let a = Arc::new(Replica::start("a", c.clone()).expect("a"));
+    let b = Replica::start("b", c).expect("b");
+    let holder = a.clone();
+    let (token_tx, token_rx) = crossbeam_channel::bounded(1);
+    let panicked = std::thread::spawn(move || {
+        let turn = holder.acquire("chat").expect("free");
+        token_tx.send(turn.fencing_token()).expect("main waits");
+        panic!("a handler panics holding the turn");
+    })
+    .join();
+    assert!(panicked.is_err());
+    let token = token_rx.recv().expect("token");
+    let next = b
+        .try_acquire("chat")
+        .expect("released by the unwinding drop");
+    let previous = next.previous().map(|p| (&*p.replica, p.token));
+    assert_eq!(previous, Some(("a", token)));
+    next.release().expect("release");
+    let m = a.metrics();
+    assert_eq!(
+        (m.accepted, m.turns_granted, m.turns_held, m.lost),
+        (1, 1, 0, 0)
+    );
+    b.shutdown();
+}
