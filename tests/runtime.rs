@@ -143,68 +143,16 @@ fn shutdown_drains_then_refuses() {
     let _ = Error::Coordination(refused).to_string();
 }
 
-/// Without coordination there is no renewal thread. A second delivery of a message id
-/// while the first one still runs waits for it (it may not run twice) and must still
-/// end: once the first was handled, as a duplicate. It once waited forever, and the
-/// bot's stop with it.
-#[test]
-fn local_mode_ends_a_duplicate_delivered_while_the_first_runs() {
+/// A second delivery of a message id while the first one still runs waits for it (it
+/// may not run twice) and must still end: once the first was handled, as a duplicate,
+/// and counted in `duplicates`, not in `accepted` (it is counted there only if it ends
+/// otherwise). `builder` is the bot without its handler and outcome hook.
+fn a_duplicate_delivered_while_the_first_runs(builder: botmesh::BotBuilder) {
     let (entered_tx, entered) = unbounded::<()>();
     let (go, go_rx) = unbounded::<()>();
     let (ended_tx, ended) = unbounded::<String>();
-    let bot = Bot::builder()
+    let bot = builder
         .workers(2)
-        .handler(move |_ctx| {
-            let _ = entered_tx.send(());
-            let _ = go_rx.recv();
-            Ok(())
-        })
-        .on_outcome(move |_m, outcome| {
-            let how = match outcome {
-                Outcome::Handled { .. } => "handled",
-                Outcome::Duplicate => "duplicate",
-                _ => "other",
-            };
-            let _ = ended_tx.send(how.to_owned());
-        })
-        .build()
-        .expect("bot");
-    let first = Message::new("chat", "hi").with_id("m1");
-    bot.intake().deliver(first.clone()).expect("first");
-    entered.recv().expect("the first runs");
-    // While it runs, the same id again: taken in, waiting for the first.
-    let second = bot.intake().deliver(first).expect("second");
-    assert_eq!(second, botmesh::Accepted::Queued);
-    go.send(()).expect("let the first finish");
-    // A hang guard, not a speed check: before the fix the second never ended.
-    let end = || ended.recv_timeout(Duration::from_secs(60));
-    let mut ends = vec![end().expect("first end"), end().expect("second end")];
-    ends.sort();
-    assert_eq!(ends, ["duplicate", "handled"]);
-    // Duplicates are not counted as accepted, also one held back while the first ran.
-    let m = bot.metrics();
-    assert_eq!((m.accepted, m.handled, m.duplicates), (1, 1, 1), "{m:?}");
-    bot.shutdown();
-}
-
-/// The same with a shared backend, where the renewal thread asks again about the
-/// held-back delivery: it is counted in `accepted` only if it ends otherwise than as
-/// a duplicate, so it is not counted at all here.
-#[test]
-fn a_duplicate_delivered_while_the_first_runs_is_not_counted_as_accepted() {
-    let (entered_tx, entered) = unbounded::<()>();
-    let (go, go_rx) = unbounded::<()>();
-    let (ended_tx, ended) = unbounded::<String>();
-    let coordinator = Arc::new(botmesh::MemoryCoordinator::with_settings(
-        Duration::from_millis(300),
-        Duration::from_secs(600),
-    ));
-    let bot = Bot::builder()
-        .id("r1")
-        .workers(2)
-        .coordination(CoordinationConfig::new(CoordinatorConfig::Shared(
-            coordinator,
-        )))
         .handler(move |_ctx| {
             let _ = entered_tx.send(());
             // Bounded, so that a failed assertion below ends the test instead of
@@ -225,11 +173,12 @@ fn a_duplicate_delivered_while_the_first_runs_is_not_counted_as_accepted() {
     let first = Message::new("chat", "hi").with_id("m1");
     bot.intake().deliver(first.clone()).expect("first");
     entered.recv().expect("the first runs");
+    // While it runs, the same id again: taken in, waiting for the first.
     let second = bot.intake().deliver(first).expect("second");
     assert_eq!(second, botmesh::Accepted::Queued);
     assert_eq!(bot.metrics().accepted, 1, "held back, not counted yet");
     go.send(()).expect("let the first finish");
-    // A hang guard, not a speed check.
+    // A hang guard, not a speed check: it once never ended in local mode.
     let end = || ended.recv_timeout(Duration::from_secs(60));
     let mut ends = vec![end().expect("first end"), end().expect("second end")];
     ends.sort();
@@ -238,4 +187,22 @@ fn a_duplicate_delivered_while_the_first_runs_is_not_counted_as_accepted() {
     assert_eq!((m.accepted, m.handled, m.duplicates), (1, 1, 1), "{m:?}");
     assert_eq!(m.tickets_waiting, 0, "{m:?}");
     bot.shutdown();
+}
+
+/// Without coordination there is no renewal thread: the timer asks again about the
+/// held-back delivery. It once waited forever, and the bot's stop with it.
+#[test]
+fn local_mode_ends_a_duplicate_delivered_while_the_first_runs() {
+    a_duplicate_delivered_while_the_first_runs(Bot::builder());
+}
+
+/// With a shared backend the renewal thread asks again about the held-back delivery.
+#[test]
+fn a_duplicate_delivered_while_the_first_runs_is_not_counted_as_accepted() {
+    let coordinator = Arc::new(botmesh::MemoryCoordinator::with_settings(
+        Duration::from_millis(300),
+        Duration::from_secs(600),
+    ));
+    let shared = CoordinationConfig::new(CoordinatorConfig::Shared(coordinator));
+    a_duplicate_delivered_while_the_first_runs(Bot::builder().id("r1").coordination(shared));
 }
