@@ -262,8 +262,8 @@ impl Inner {
         // never had a place in a queue (and a clock read to time the call would be a
         // tenth of the in-process turn's cost).
         let valid_until = sent + self.trusted;
-        let (waited, counted) = (Duration::ZERO, Counted::AtOnce);
-        self.new_turn(chat.into(), None, waited, grant, counted, valid_until)
+        let zero = Duration::ZERO;
+        self.new_turn(chat.into(), None, zero, grant, Counted::AtOnce, valid_until)
     }
 
     /// The held turn of a grant to a ticket of `chat` taken in at `since` (see
