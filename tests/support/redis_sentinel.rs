@@ -42,15 +42,17 @@ fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> Result<T, Str
         .map_err(|e| format!("redis at {port}: {e}"))
 }
 
-fn poll<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+/// Polls `check` until it gives a value; panics after `SETTLE` with what it saw last.
+fn poll<T>(what: &str, mut check: impl FnMut() -> Result<T, String>) -> T {
     let t0 = Instant::now();
     loop {
-        if let Some(v) = check() {
-            return v;
-        }
+        let seen = match check() {
+            Ok(v) => return v,
+            Err(seen) => seen,
+        };
         assert!(
             t0.elapsed() < SETTLE,
-            "{what}: not within {} s",
+            "{what}: not within {} s (last seen: {seen})",
             SETTLE.as_secs()
         );
         // Polling a server's state with a deadline; nothing signals it.
@@ -70,37 +72,43 @@ impl RedisSentinel {
         std::fs::create_dir_all(&dir).expect("temp dir");
         let mut me = RedisSentinel {
             children: Vec::new(),
-            data: [free_port(), free_port()],
+            data: [0, 0],
             sentinels: Vec::new(),
             dir,
         };
-        let [primary, replica] = me.data;
-        me.spawn_data(primary, None);
-        me.spawn_data(replica, Some(primary));
+        let primary = me.spawn_data(None);
+        let replica = me.spawn_data(Some(primary));
+        me.data = [primary, replica];
         poll("the replica in sync", || {
-            let info: String = query(replica, redis::cmd("INFO").arg("replication")).ok()?;
-            info.contains("master_link_status:up").then_some(())
+            let info: String = query(replica, redis::cmd("INFO").arg("replication"))?;
+            if info.contains("master_link_status:up") {
+                Ok(())
+            } else {
+                Err(format!("replica {replica} link not up"))
+            }
         });
         for i in 0..3 {
-            let port = free_port();
             let conf = me.dir.join(format!("sentinel-{i}.conf"));
-            std::fs::write(
-                &conf,
-                format!(
-                    "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n\
-                     sentinel down-after-milliseconds {SERVICE} 1000\nsentinel failover-timeout {SERVICE} 10000\n",
-                    me.dir.display()
-                ),
-            )
-            .expect("sentinel.conf");
-            let child = Command::new("redis-server")
-                .arg(&conf)
-                .arg("--sentinel")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server --sentinel");
-            me.children.push(child);
+            let log = me.dir.join(format!("sentinel-{i}.log"));
+            let dir = me.dir.clone();
+            let port = me.spawn_on_free_port(|port| {
+                // Written anew for each port tried: a sentinel rewrites its own file.
+                std::fs::write(
+                    &conf,
+                    format!(
+                        "port {port}\nbind 127.0.0.1\ndir {}\nlogfile {}\n\
+                         sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n\
+                         sentinel down-after-milliseconds {SERVICE} 1000\n\
+                         sentinel failover-timeout {SERVICE} 10000\n",
+                        dir.display(),
+                        log.display()
+                    ),
+                )
+                .expect("sentinel.conf");
+                let mut cmd = Command::new("redis-server");
+                cmd.arg(&conf).arg("--sentinel");
+                cmd
+            });
             me.sentinels.push(port);
         }
         for &s in &me.sentinels.clone() {
@@ -108,37 +116,76 @@ impl RedisSentinel {
                 "a sentinel sees the replica and the other sentinels",
                 || {
                     let replicas: Vec<redis::Value> =
-                        query(s, redis::cmd("SENTINEL").arg("REPLICAS").arg(SERVICE)).ok()?;
+                        query(s, redis::cmd("SENTINEL").arg("REPLICAS").arg(SERVICE))?;
                     let others: Vec<redis::Value> =
-                        query(s, redis::cmd("SENTINEL").arg("SENTINELS").arg(SERVICE)).ok()?;
-                    (!replicas.is_empty() && others.len() == 2).then_some(())
+                        query(s, redis::cmd("SENTINEL").arg("SENTINELS").arg(SERVICE))?;
+                    if !replicas.is_empty() && others.len() == 2 {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "sentinel {s} sees {} replicas and {} other sentinels; logs in {}",
+                            replicas.len(),
+                            others.len(),
+                            me.dir.display()
+                        ))
+                    }
                 },
             );
         }
         me
     }
 
-    fn spawn_data(&mut self, port: u16, replica_of: Option<u16>) {
-        let dir = self.dir.join(port.to_string());
-        std::fs::create_dir_all(&dir).expect("node dir");
-        let mut cmd = Command::new("redis-server");
-        cmd.arg("--port")
-            .arg(port.to_string())
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(&dir);
-        if let Some(p) = replica_of {
-            cmd.arg("--replicaof").arg("127.0.0.1").arg(p.to_string());
+    fn spawn_data(&mut self, replica_of: Option<u16>) -> u16 {
+        let root = self.dir.clone();
+        self.spawn_on_free_port(|port| {
+            let dir = root.join(port.to_string());
+            std::fs::create_dir_all(&dir).expect("node dir");
+            let mut cmd = Command::new("redis-server");
+            cmd.arg("--port")
+                .arg(port.to_string())
+                .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(&dir);
+            if let Some(p) = replica_of {
+                cmd.arg("--replicaof").arg("127.0.0.1").arg(p.to_string());
+            }
+            cmd
+        })
+    }
+
+    /// Starts `make(port)` on a port found free and waits until it answers PING.
+    /// A port found free can be taken (by any outgoing connection's local port)
+    /// before the server binds it; the server then exits, and another port is tried.
+    fn spawn_on_free_port(&mut self, make: impl Fn(u16) -> Command) -> u16 {
+        let mut last = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let mut child = make(port)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server");
+            let t0 = Instant::now();
+            loop {
+                if let Ok(Some(status)) = child.try_wait() {
+                    last = format!("redis-server on {port} exited at start ({status})");
+                    break;
+                }
+                if query::<String>(port, &redis::cmd("PING")).is_ok() {
+                    self.children.push(child);
+                    return port;
+                }
+                if t0.elapsed() > SETTLE {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    last = format!("redis-server on {port} did not answer within 30 s");
+                    break;
+                }
+                // A starting server signals nothing but its open port.
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
-        let child = cmd
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server");
-        self.children.push(child);
-        poll("redis-server answering", || {
-            query::<String>(port, &redis::cmd("PING")).ok()
-        });
+        panic!("{last}")
     }
 
     /// `redis://127.0.0.1:<port>` of each sentinel.
@@ -174,14 +221,15 @@ impl RedisSentinel {
         poll("the replica promoted", || {
             let now = self.primary();
             if now == old {
-                return None;
+                return Err(format!("the sentinels still name {old}"));
             }
-            let role: redis::Value = query(now, &redis::cmd("ROLE")).ok()?;
-            let redis::Value::Array(parts) = role else {
-                return None;
-            };
-            matches!(parts.first(), Some(redis::Value::BulkString(b)) if b.as_slice() == b"master")
-                .then_some(now)
+            let role: redis::Value = query(now, &redis::cmd("ROLE"))?;
+            match role {
+                redis::Value::Array(parts) if matches!(parts.first(), Some(redis::Value::BulkString(b)) if b.as_slice() == b"master") => {
+                    Ok(now)
+                }
+                other => Err(format!("{now} says ROLE {other:?}")),
+            }
         })
     }
 
@@ -201,6 +249,9 @@ impl Drop for RedisSentinel {
             let _ = c.kill();
             let _ = c.wait();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // Kept after a failure: the sentinels' logs say what they saw.
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
