@@ -41,3 +41,210 @@ fn duplicate_replica_id_is_refused() {
         .expect("reuse")
         .shutdown();
 }
+
+/// A fake-clock coordinator with a 10 s TTL, and the clock.
+fn fake_clocked() -> (MemoryCoordinator, botmesh::Clock, Duration) {
+    let clock = botmesh::Clock::fake();
+    let ttl = Duration::from_secs(10);
+    let c = MemoryCoordinator::with_clock(ttl, DEFAULT_DEDUP_WINDOW, clock.clone());
+    (c, clock, ttl)
+}
+
+/// A turn granted at once lasts a full TTL from the call, whatever the caller's
+/// stored liveness (which such a call moves only once it lags by a quarter TTL).
+#[test]
+fn a_grant_at_once_lasts_a_ttl_from_its_call() {
+    let (c, clock, ttl) = fake_clocked();
+    let a = support::Caller::attach(&c, "a");
+    clock.advance(ttl / 5);
+    let ticket = a.ticket(1);
+    let granted = c
+        .grant_if_free(&support::request(&ticket), std::time::Instant::now())
+        .expect("call");
+    assert!(granted.is_some(), "the chat is free");
+    // Past a TTL from attach, within a TTL from the grant.
+    clock.advance(ttl - ttl / 10);
+    let b = support::Caller::attach(&c, "b");
+    let other = b.ticket(1);
+    assert!(
+        c.grant_if_free(&support::request(&other), std::time::Instant::now())
+            .expect("call")
+            .is_none(),
+        "a's lease runs a TTL from its grant"
+    );
+    let view = c.inspect_chat("chat").expect("inspect");
+    let holder = view.holder.expect("held");
+    assert_eq!(holder.ticket, ticket);
+    assert_eq!(holder.lease_left, ttl / 10);
+}
+
+/// An enqueue stores its caller's liveness a TTL ahead (the replica counts a pushed
+/// grant from the enqueue's send time), and a replica id attached again has its new
+/// entry refreshed, not one a shard remembered from before. `detach`: the first
+/// replica of the id detaches; else it crashes and its liveness lapses.
+fn the_entry_attached_now_is_refreshed(detach: bool) {
+    let (c, clock, ttl) = fake_clocked();
+    let first = support::Caller::attach(&c, "a");
+    let ticket = first.ticket(1);
+    let now = std::time::Instant::now();
+    // The chat's shard remembers the first entry of "a".
+    let turn = c
+        .grant_if_free(&support::request(&ticket), now)
+        .expect("call")
+        .expect("free");
+    let lease = botmesh::HeldLease {
+        chat: "chat",
+        ticket: &ticket,
+        token: turn.token,
+    };
+    c.release(&lease, None).expect("release");
+    if detach {
+        c.detach(&first.id, &[]).expect("detach");
+        // A detached replica is not granted anything, though the shard saw it.
+        let late = first.ticket(2);
+        let granted = c
+            .grant_if_free(&support::request(&late), now)
+            .expect("call");
+        assert!(
+            granted.is_none(),
+            "granted to a detached replica: {granted:?}"
+        );
+    } else {
+        clock.advance(ttl * 2);
+    }
+    let again = support::Caller::attach(&c, "a");
+    let holder = support::Caller::attach(&c, "b");
+    let held = holder.ticket(1);
+    let turn = c
+        .grant_if_free(&support::request(&held), now)
+        .expect("call")
+        .expect("free");
+    let lease = botmesh::HeldLease {
+        chat: "chat",
+        ticket: &held,
+        token: turn.token,
+    };
+    clock.advance(ttl / 10);
+    // b's lease now ends at 1.1 TTL; a's entry was stored alive until 1 TTL.
+    c.renew(&holder.id, &[lease], &[]).expect("renew");
+    let waiting = again.ticket(7);
+    let queued = c.enqueue(&support::request(&waiting)).expect("enqueue");
+    assert!(matches!(queued, botmesh::Enqueued::Queued), "{queued:?}");
+    clock.advance(ttl - ttl / 20);
+    let live = c.inspect(10).expect("inspect").replicas;
+    assert!(
+        live.iter().any(|r| &**r == "a"),
+        "the enqueue stored a's liveness in its attached entry: {live:?}"
+    );
+    // b's release hands the chat to a's waiting ticket, alive by that enqueue.
+    let lease = botmesh::HeldLease {
+        chat: "chat",
+        ticket: &held,
+        token: turn.token,
+    };
+    c.release(&lease, None).expect("release");
+    let view = c.inspect_chat("chat").expect("inspect");
+    assert_eq!(view.holder.map(|h| h.ticket), Some(waiting));
+}
+
+#[test]
+fn an_enqueue_refreshes_the_entry_of_a_replica_attached_after_a_detach() {
+    the_entry_attached_now_is_refreshed(true);
+}
+
+#[test]
+fn an_enqueue_refreshes_the_entry_of_a_replica_attached_after_a_crash() {
+    the_entry_attached_now_is_refreshed(false);
+}
+
+/// The shards' lock and the replicas' lock are taken in both orders (a call into one
+/// chat finds other replicas' liveness under its shard's lock; a renewal visits
+/// shards under the replicas' read lock) while attach and detach write: this must
+/// never deadlock. Threads hammer all three at once; a watchdog turns a hang into a
+/// failure.
+#[test]
+fn shard_and_replica_locks_never_wait_on_each_other() {
+    use std::sync::Barrier;
+    const ROUNDS: u64 = 20_000;
+    let c = Arc::new(MemoryCoordinator::new());
+    let renewer = support::Caller::attach(&*c, "renewer");
+    let chats: Vec<String> = (0..64).map(|i| format!("chat-{i}")).collect();
+    // The renewer holds every chat, so callers queue behind it and their calls look
+    // up the renewer's liveness (another replica's) under the shard's lock.
+    let mut held = Vec::new();
+    for (i, chat) in chats.iter().enumerate() {
+        let ticket = renewer.ticket(i as u64 + 1);
+        let req = botmesh::EnqueueRequest {
+            chat,
+            ticket: &ticket,
+            message_id: None,
+            wait: Duration::from_secs(600),
+        };
+        let grant = c
+            .grant_if_free(&req, std::time::Instant::now())
+            .expect("call")
+            .expect("free");
+        held.push((ticket, grant.token));
+    }
+    let start = Arc::new(Barrier::new(4));
+    let (done_tx, done_rx) = crossbeam_channel::unbounded();
+    let mut threads = Vec::new();
+    for t in 0..2u64 {
+        let (c, chats, start, done) = (c.clone(), chats.clone(), start.clone(), done_tx.clone());
+        threads.push(std::thread::spawn(move || {
+            let me = support::Caller::attach(&*c, &format!("caller-{t}"));
+            start.wait();
+            for n in 0..ROUNDS {
+                let ticket = me.ticket(n + 1);
+                let chat = &chats[(n as usize) % chats.len()];
+                let w = botmesh::Waiting {
+                    chat,
+                    ticket: &ticket,
+                    message_id: None,
+                };
+                let req = botmesh::EnqueueRequest {
+                    chat,
+                    ticket: &ticket,
+                    message_id: None,
+                    wait: Duration::from_secs(600),
+                };
+                let _ = c.enqueue(&req).expect("enqueue");
+                let _ = c.cancel(&w).expect("cancel");
+            }
+            let _ = done.send(());
+        }));
+    }
+    {
+        let (c, start, done) = (c.clone(), start.clone(), done_tx.clone());
+        threads.push(std::thread::spawn(move || {
+            start.wait();
+            for n in 0..ROUNDS / 10 {
+                let id: botmesh::ReplicaId = Arc::from(format!("passer-{}", n % 3));
+                c.attach(&id, Arc::new(|_: &str, _| {})).expect("attach");
+                c.detach(&id, &[]).expect("detach");
+            }
+            let _ = done.send(());
+        }));
+    }
+    start.wait();
+    for _ in 0..ROUNDS / 10 {
+        let leases: Vec<botmesh::HeldLease<'_>> = held
+            .iter()
+            .zip(&chats)
+            .map(|((ticket, token), chat)| botmesh::HeldLease {
+                chat,
+                ticket,
+                token: *token,
+            })
+            .collect();
+        c.renew(&renewer.id, &leases, &[]).expect("renew");
+    }
+    for _ in 0..3 {
+        done_rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("a thread is stuck: the locks waited on each other");
+    }
+    for t in threads {
+        t.join().expect("thread");
+    }
+}

@@ -7,7 +7,9 @@
 //!
 //! The decisions live in the pure chat table (`table.rs`); this file is the thin
 //! layer around it: shards by a hash of the chat id (so unrelated chats do not contend
-//! on one mutex), the replicas' sinks and liveness, one process-wide token counter
+//! on one mutex), the replicas' sinks and liveness (each shard caching the entries of
+//! the replicas that call into it, so an uncontended call takes no lock but its
+//! shard's), one process-wide token counter
 //! (strictly increasing per chat even after an idle chat's state was dropped), the
 //! [`Clock`], and pushing grants once no lock is held.
 //!
@@ -22,6 +24,7 @@
 //!
 //! [`Replica::abort`]: crate::Replica::abort
 
+use std::cell::OnceCell;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -71,11 +74,15 @@ pub struct MemoryCoordinator {
     /// Where "now" comes from: real, or fake in tests.
     clock: Clock,
     /// The chat table, split so unrelated chats do not contend on one lock.
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Mutex<ShardCell>]>,
     /// Picks a chat's shard; randomly seeded.
     shard_hasher: foldhash::fast::RandomState,
     /// Attached replicas: where their grants are pushed, and until when they live.
-    replicas: RwLock<HashMap<ReplicaId, ReplicaEntry>>,
+    /// Each entry is shared with the shards' caches (see [`ShardCell::callers`]).
+    replicas: RwLock<HashMap<ReplicaId, Arc<ReplicaEntry>>>,
+    /// Bumped (under the write lock of `replicas`) by every attach and detach: a
+    /// shard's cache of callers built under an older value is dropped before use.
+    replicas_gen: AtomicU64,
     /// The last fencing token handed out, for all chats.
     last_token: AtomicU64,
     /// The instant replicas' liveness and the table's lease ends are counted from
@@ -93,6 +100,46 @@ struct ReplicaEntry {
     /// an atomic, so that every enqueue can push it forward (as Redis refreshes the
     /// replica's field in the chat) under the read lock alone.
     alive_until: AtomicU64,
+}
+
+/// One shard: its part of the chat table and the callers it has seen.
+#[derive(Default)]
+struct ShardCell {
+    table: Shard,
+    /// The entries of replicas that called into this shard, found under its lock
+    /// without the replicas' read lock or a lookup by name: on the uncontended path
+    /// those were a third of the backend's own cost.
+    callers: Callers,
+}
+
+/// A shard's cache of replica entries (see [`ShardCell::callers`]).
+#[derive(Default)]
+struct Callers {
+    /// At most [`CALLERS_CACHED`]; valid while `generation` equals the coordinator's
+    /// `replicas_gen`.
+    entries: Vec<(ReplicaId, Arc<ReplicaEntry>)>,
+    /// The `replicas_gen` that `entries` was filled under.
+    generation: u64,
+}
+
+/// Callers a shard remembers before it starts over (a process has a few replicas).
+const CALLERS_CACHED: usize = 8;
+
+/// How a call into a chat's shard counts as a sign of life of its caller.
+#[derive(Clone, Copy)]
+enum Refresh<'a> {
+    /// Not at all (a cancel, a read).
+    No,
+    /// The caller's liveness is stored as at least a TTL from the call's `now`: an
+    /// enqueue, whose new ticket the replica counts alive from its send time.
+    Stored(&'a ReplicaId),
+    /// Within the call the caller counts as alive for a TTL from `now`, exactly as
+    /// with `Stored`; the stored liveness is moved only once it has fallen more than
+    /// [`MemoryCoordinator::refresh_slack_ns`] behind. For calls the replica does not
+    /// count its tickets' liveness from (`grant_if_free`, `release`): the replica
+    /// assumes no more than its enqueues and renewals stored, and the grants made in
+    /// the call itself see the full TTL. Saves a locked write per uncontended call.
+    InCall(&'a ReplicaId),
 }
 
 /// A duration in ns, saturating (at about 584 years).
@@ -140,9 +187,12 @@ impl MemoryCoordinator {
             dedup_window: dedup_window.min(FOREVER),
             dedup_ids: DEFAULT_DEDUP_IDS,
             clock,
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(ShardCell::default()))
+                .collect(),
             shard_hasher: foldhash::fast::RandomState::default(),
             replicas: RwLock::new(HashMap::default()),
+            replicas_gen: AtomicU64::new(0),
             last_token: AtomicU64::new(0),
             base,
             ttl_ns: as_ns(ttl),
@@ -170,10 +220,13 @@ impl MemoryCoordinator {
 
     /// How many chats currently have state (a holder or waiters): 0 when all are idle.
     pub fn active_chats(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().active_chats()).sum()
+        self.shards
+            .iter()
+            .map(|s| s.lock().table.active_chats())
+            .sum()
     }
 
-    fn shard(&self, chat: &str) -> &Mutex<Shard> {
+    fn shard(&self, chat: &str) -> &Mutex<ShardCell> {
         let h = self.shard_hasher.hash_one(chat);
         &self.shards[(h as usize) % self.shards.len()]
     }
@@ -191,6 +244,50 @@ impl MemoryCoordinator {
             .fetch_max(now_ns.saturating_add(self.ttl_ns), Ordering::AcqRel);
     }
 
+    /// How far a caller's stored liveness may lag a TTL from now before a
+    /// [`Refresh::InCall`] stores it: a quarter of the TTL. Any value is safe (see
+    /// `Refresh::InCall`); a smaller one only writes more often.
+    fn refresh_slack_ns(&self) -> u64 {
+        self.ttl_ns / 4
+    }
+
+    /// The caller's entry from a shard's cache, looked up in `replicas` on a miss;
+    /// `None` when the caller is not attached. Called under the shard's lock: the
+    /// replicas' lock is taken with `read_recursive`, which never waits behind a
+    /// queued writer while another thread reads, and no writer of `replicas` takes a
+    /// shard's lock, so the two locks cannot wait on each other.
+    fn cached_caller<'c>(
+        &self,
+        callers: &'c mut Callers,
+        id: &ReplicaId,
+    ) -> Option<&'c (ReplicaId, Arc<ReplicaEntry>)> {
+        let now_gen = self.replicas_gen.load(Ordering::Acquire);
+        if callers.generation != now_gen {
+            callers.entries.clear();
+            callers.generation = now_gen;
+        }
+        let cached = callers
+            .entries
+            .iter()
+            .position(|(k, _)| Arc::ptr_eq(k, id) || k == id);
+        let at = match cached {
+            Some(i) => i,
+            None => {
+                let found = self
+                    .replicas
+                    .read_recursive()
+                    .get_key_value(id)
+                    .map(|(k, e)| (k.clone(), e.clone()))?;
+                if callers.entries.len() >= CALLERS_CACHED {
+                    callers.entries.clear();
+                }
+                callers.entries.push(found);
+                callers.entries.len() - 1
+            }
+        };
+        callers.entries.get(at)
+    }
+
     fn next_token(&self) -> Token {
         self.last_token.fetch_add(1, Ordering::Relaxed) + 1
     }
@@ -199,11 +296,12 @@ impl MemoryCoordinator {
     /// the backend, taken by the caller). `refresh`: a replica the call is a sign of
     /// life of (see `enqueue`), refreshed first.
     ///
-    /// The replicas' read lock is held throughout, so one lookup serves the refresh
-    /// and the liveness checks of the caller's own tickets, and no attach or detach
-    /// falls between them. The table reads liveness through this guard, never by
-    /// locking again (a second read lock in one thread can deadlock behind a waiting
-    /// writer). Nothing here takes the write lock under a shard's lock.
+    /// For the calls that visit many shards (renew, detach). The replicas' read lock
+    /// is held throughout, so one lookup serves the refresh and the liveness checks
+    /// of the caller's own tickets, and no attach or detach falls between them. The
+    /// table reads liveness through this guard, never by locking again (a second
+    /// plain read lock in one thread can deadlock behind a waiting writer). Nothing
+    /// here takes the write lock under a shard's lock.
     fn with_env<T>(
         &self,
         now: Instant,
@@ -217,13 +315,24 @@ impl MemoryCoordinator {
         if let Some((_, entry)) = caller {
             self.refresh(entry, now_ns);
         }
-        let alive = |e: &ReplicaEntry| e.alive_until.load(Ordering::Acquire);
+        let alive = |e: &Arc<ReplicaEntry>| e.alive_until.load(Ordering::Acquire);
         let alive_until = |r: &ReplicaId| match caller {
             Some((id, entry)) if Arc::ptr_eq(id, r) || id == r => Some(alive(entry)),
             _ => replicas.get(r).map(alive),
         };
         let next_token = || self.next_token();
-        let env = Env {
+        f(&self.env(now, now_ns, &alive_until, &next_token))
+    }
+
+    /// The table's environment at `now` (`now_ns` the same instant in ns).
+    fn env<'a>(
+        &self,
+        now: Instant,
+        now_ns: u64,
+        alive_until: &'a dyn Fn(&ReplicaId) -> Option<u64>,
+        next_token: &'a dyn Fn() -> Token,
+    ) -> Env<'a> {
+        Env {
             now,
             now_ns,
             ttl: self.ttl,
@@ -231,10 +340,9 @@ impl MemoryCoordinator {
             history_ns: self.history_ns,
             dedup_window: self.dedup_window,
             dedup_ids: self.dedup_ids,
-            alive_until: &alive_until,
-            next_token: &next_token,
-        };
-        f(&env)
+            alive_until,
+            next_token,
+        }
     }
 
     /// Runs one table operation on `chat`'s shard, then pushes the grants it made to
@@ -242,7 +350,7 @@ impl MemoryCoordinator {
     fn on_chat<T>(
         &self,
         chat: &str,
-        refresh: Option<&ReplicaId>,
+        refresh: Refresh<'_>,
         op: impl FnOnce(&mut Shard, &Env<'_>, &mut Pushes) -> T,
     ) -> T {
         self.on_chat_at(chat, refresh, self.clock.now(), op)
@@ -260,17 +368,54 @@ impl MemoryCoordinator {
     }
 
     /// [`MemoryCoordinator::on_chat`] at `now`, read by the caller.
+    ///
+    /// The caller's entry comes from the shard's cache, so an uncontended call takes
+    /// no lock but the shard's. Other replicas' liveness (needed only where tickets
+    /// wait) is read under the replicas' read lock, taken once per call when first
+    /// needed.
     fn on_chat_at<T>(
         &self,
         chat: &str,
-        refresh: Option<&ReplicaId>,
+        refresh: Refresh<'_>,
         now: Instant,
         op: impl FnOnce(&mut Shard, &Env<'_>, &mut Pushes) -> T,
     ) -> T {
         let mut pushes = Pushes::new();
-        let result = self.with_env(now, refresh, |env| {
-            op(&mut self.shard(chat).lock(), env, &mut pushes)
-        });
+        let now_ns = self.ns(now);
+        let in_call = now_ns.saturating_add(self.ttl_ns);
+        let result = {
+            let mut guard = self.shard(chat).lock();
+            let cell = &mut *guard;
+            let (id, stored) = match refresh {
+                Refresh::No => (None, true),
+                Refresh::Stored(id) => (Some(id), true),
+                Refresh::InCall(id) => (Some(id), false),
+            };
+            let caller = match id {
+                Some(id) => self.cached_caller(&mut cell.callers, id),
+                None => None,
+            };
+            if let Some((_, entry)) = caller {
+                let alive = entry.alive_until.load(Ordering::Acquire);
+                if stored || alive < in_call.saturating_sub(self.refresh_slack_ns()) {
+                    self.refresh(entry, now_ns);
+                }
+            }
+            let others = OnceCell::new();
+            let alive_until = |r: &ReplicaId| match caller {
+                Some((id, entry)) if Arc::ptr_eq(id, r) || id == r => {
+                    // The call itself is a sign of life (see `Refresh`).
+                    Some(entry.alive_until.load(Ordering::Acquire).max(in_call))
+                }
+                _ => others
+                    .get_or_init(|| self.replicas.read_recursive())
+                    .get(r)
+                    .map(|e| e.alive_until.load(Ordering::Acquire)),
+            };
+            let next_token = || self.next_token();
+            let env = self.env(now, now_ns, &alive_until, &next_token);
+            op(&mut cell.table, &env, &mut pushes)
+        };
         if !pushes.is_empty() {
             // Most calls push nothing: no iterator to make and drop for them.
             self.push(chat, pushes);
@@ -315,7 +460,7 @@ impl Coordinator for MemoryCoordinator {
     fn attach(&self, replica: &ReplicaId, sink: GrantSink) -> Result<(), BackendError> {
         let now = self.clock.now();
         let mut replicas = self.replicas.write();
-        let alive = |r: &ReplicaEntry| r.alive_until.load(Ordering::Acquire) >= self.ns(now);
+        let alive = |r: &Arc<ReplicaEntry>| r.alive_until.load(Ordering::Acquire) >= self.ns(now);
         if replicas.get(replica).is_some_and(alive) {
             // Two live replicas with one id would take each other's grants.
             return Err(BackendError::new(format!(
@@ -327,16 +472,22 @@ impl Coordinator for MemoryCoordinator {
             sink,
             alive_until: AtomicU64::new(self.ns(now + self.ttl)),
         };
-        replicas.insert(replica.clone(), entry);
+        replicas.insert(replica.clone(), Arc::new(entry));
+        // A shard may cache an earlier entry of this id (see `ShardCell::callers`).
+        self.replicas_gen.fetch_add(1, Ordering::Release);
         Ok(())
     }
 
     fn detach(&self, replica: &ReplicaId, _held: &[HeldLease<'_>]) -> Result<(), BackendError> {
-        self.replicas.write().remove(replica);
+        {
+            let mut replicas = self.replicas.write();
+            replicas.remove(replica);
+            self.replicas_gen.fetch_add(1, Ordering::Release);
+        }
         let mut pushes = ChatPushes::new();
         self.with_env(self.clock.now(), None, |env| {
             for shard in self.shards.iter() {
-                shard.lock().detach(env, replica, &mut pushes);
+                shard.lock().table.detach(env, replica, &mut pushes);
             }
         });
         self.push_chats(pushes);
@@ -349,11 +500,11 @@ impl Coordinator for MemoryCoordinator {
         // ticket from the enqueue's send time, and a replica whose liveness lapsed
         // while it was cut off (its renewals failing) must not have its new ticket
         // skipped at once.
-        Ok(
-            self.on_chat(req.chat, Some(&req.ticket.replica), |shard, env, pushes| {
-                shard.enqueue(env, req, pushes)
-            }),
-        )
+        Ok(self.on_chat(
+            req.chat,
+            Refresh::Stored(&req.ticket.replica),
+            |shard, env, pushes| shard.enqueue(env, req, pushes),
+        ))
     }
 
     fn grant_if_free(
@@ -364,14 +515,14 @@ impl Coordinator for MemoryCoordinator {
         // A sign of life like `enqueue`. Nothing is queued, so nothing is pushed.
         Ok(self.on_chat_at(
             req.chat,
-            Some(&req.ticket.replica),
+            Refresh::InCall(&req.ticket.replica),
             self.now_or(sent),
             |shard, env, _pushes| shard.grant_if_free(env, req),
         ))
     }
 
     fn cancel(&self, w: &Waiting<'_>) -> Result<Option<Grant>, BackendError> {
-        Ok(self.on_chat(w.chat, None, |shard, env, pushes| {
+        Ok(self.on_chat(w.chat, Refresh::No, |shard, env, pushes| {
             shard.cancel(env, w, pushes)
         }))
     }
@@ -394,7 +545,7 @@ impl Coordinator for MemoryCoordinator {
         // to another of its tickets) lasts a full TTL, counted from its call.
         Ok(self.on_chat_at(
             lease.chat,
-            Some(&lease.ticket.replica),
+            Refresh::InCall(&lease.ticket.replica),
             self.now_or(sent),
             |shard, env, pushes| shard.release(env, lease, handled, pushes),
         ))
@@ -410,13 +561,13 @@ impl Coordinator for MemoryCoordinator {
         let out = self.with_env(self.clock.now(), Some(replica), |env| Renewal {
             held: held
                 .iter()
-                .map(|lease| self.shard(lease.chat).lock().renew(env, lease))
+                .map(|lease| self.shard(lease.chat).lock().table.renew(env, lease))
                 .collect(),
             waiting: waiting
                 .iter()
                 .map(|w| {
                     let mut found = Pushes::new();
-                    let state = self.shard(w.chat).lock().check(env, w, &mut found);
+                    let state = self.shard(w.chat).lock().table.check(env, w, &mut found);
                     pushes.extend(found.into_iter().map(|g| (w.chat.to_owned(), g)));
                     state
                 })
@@ -436,18 +587,19 @@ impl Coordinator for MemoryCoordinator {
         Ok(self
             .shard(chat)
             .lock()
+            .table
             .write_checkpoint(now, self.ns(now), chat, token, data))
     }
 
     fn read_checkpoint(&self, chat: &str) -> Result<Option<(Token, String)>, BackendError> {
         let now = self.clock.now();
-        Ok(self.shard(chat).lock().read_checkpoint(now, chat))
+        Ok(self.shard(chat).lock().table.read_checkpoint(now, chat))
     }
 
     fn inspect_chat(&self, chat: &str) -> Result<ChatView, BackendError> {
         let now = self.clock.now();
         let stored = stored_name(chat);
-        let row = self.shard(&stored).lock().view(self.ns(now), &stored);
+        let row = self.shard(&stored).lock().table.view(self.ns(now), &stored);
         Ok(match row {
             Some((_, holder, queued, previous)) => ChatView {
                 chat: chat.to_owned(),
@@ -468,7 +620,7 @@ impl Coordinator for MemoryCoordinator {
         let now = self.clock.now();
         let mut rows = Vec::new();
         for shard in self.shards.iter() {
-            shard.lock().views(self.ns(now), &mut rows);
+            shard.lock().table.views(self.ns(now), &mut rows);
         }
         rows.sort_by(|a, b| a.0.cmp(&b.0));
         let mut view = MeshView::default();
