@@ -92,7 +92,7 @@ pub struct CoordinationUnavailableError {
 /// `Display` text shows, in characters.
 const SHOWN_ID_CHARS: usize = 64;
 
-fn shown_id(id: &str) -> String {
+pub(crate) fn shown_id(id: &str) -> String {
     match id.char_indices().nth(SHOWN_ID_CHARS) {
         Some((cut, _)) => format!("{}…", &id[..cut]),
         None => id.to_owned(),

@@ -137,7 +137,9 @@ pub use error::{CoordinationUnavailableError, Error, HandlerError, Reason};
 pub use flow::{Answer, Cancelled, Capture, Flow, State, StepContext};
 pub use intake::Intake;
 pub use memory::MemoryCoordinator;
-pub use message::{MAX_CHAT_ID_BYTES, MAX_MESSAGE_ID_BYTES, Message, Outcome};
+pub use message::{
+    MAX_CHAT_ID_BYTES, MAX_MESSAGE_ID_BYTES, MAX_REPLICA_ID_BYTES, Message, Outcome,
+};
 pub use metrics::{MetricsSnapshot, WAIT_BUCKETS};
 pub use provider::{
     ButtonAction, Capabilities, CloseReason, Fence, InlineButton, Keyboard, Provider,

@@ -21,6 +21,32 @@ pub const MAX_CHAT_ID_BYTES: usize = 4096;
 /// duplicate suppression off.
 pub const MAX_MESSAGE_ID_BYTES: usize = 1024;
 
+/// The longest replica id a replica starts with, in bytes of UTF-8: 512 (a
+/// Kubernetes pod name, at most 253, with room for a suffix). A replica's id is part
+/// of every ticket and lease it holds at the coordinator, so an unbounded one would
+/// make every chat's state unbounded; `Replica::start` and `Bot::build` refuse a
+/// longer one. Short ids cost least (see the README's *Across processes: Redis*).
+pub const MAX_REPLICA_ID_BYTES: usize = 512;
+
+/// Checks a replica id: non-empty, no NUL, at most [`MAX_REPLICA_ID_BYTES`]; the text
+/// names the field and shows the id cut to 64 characters.
+pub(crate) fn check_replica_id(id: &str) -> Result<(), String> {
+    let shown = crate::error::shown_id(id);
+    if id.is_empty() || id.contains('\0') {
+        return Err(format!(
+            "replica id {shown:?} must be non-empty and free of NUL characters"
+        ));
+    }
+    if id.len() > MAX_REPLICA_ID_BYTES {
+        return Err(format!(
+            "replica id {shown:?} is {} bytes, over the {MAX_REPLICA_ID_BYTES}-byte maximum \
+             (MAX_REPLICA_ID_BYTES)",
+            id.len()
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a chat id and message id against the limits above; the text names the
 /// field, the size and the limit.
 pub(crate) fn check_ids(chat: &str, id: Option<&str>) -> Result<(), String> {

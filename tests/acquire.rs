@@ -213,3 +213,29 @@ fn a_turn_dropped_while_its_thread_panics_is_released_once() {
     );
     b.shutdown();
 }
+
+/// A replica id is at most `MAX_REPLICA_ID_BYTES`; a longer one is refused with an
+/// error that names the field and the limit and shows the id cut short.
+#[test]
+fn a_replica_id_over_the_limit_is_refused_naming_it() {
+    let c = Arc::new(MemoryCoordinator::new());
+    let longest = "r".repeat(botmesh::MAX_REPLICA_ID_BYTES);
+    Replica::start(longest, c.clone())
+        .expect("an id at the limit")
+        .shutdown();
+    let over = "r".repeat(botmesh::MAX_REPLICA_ID_BYTES + 1);
+    let err = Replica::start(over, c.clone()).expect_err("over the limit");
+    let text = err.to_string();
+    assert!(text.contains("replica id"), "{text}");
+    assert!(
+        text.contains("513 bytes") && text.contains("MAX_REPLICA_ID_BYTES"),
+        "{text}"
+    );
+    assert!(
+        text.len() < 300,
+        "the id is shown cut short: {} bytes",
+        text.len()
+    );
+    let err = Replica::start("", c).expect_err("empty");
+    assert!(err.to_string().contains("non-empty"), "{err}");
+}

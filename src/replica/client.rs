@@ -148,7 +148,8 @@ impl Inner {
     /// replica's grants to it.
     ///
     /// # Errors
-    /// [`BackendError`] when the id is empty or has a NUL, or the coordinator refuses
+    /// [`BackendError`] when the id is empty, has a NUL or is over
+    /// [`MAX_REPLICA_ID_BYTES`](crate::MAX_REPLICA_ID_BYTES), or the coordinator refuses
     /// or cannot be reached.
     pub(crate) fn attach(
         id: String,
@@ -157,11 +158,7 @@ impl Inner {
         clock: Clock,
         drift: Duration,
     ) -> Result<Arc<Inner>, BackendError> {
-        if id.is_empty() || id.contains('\0') {
-            return Err(BackendError::new(format!(
-                "replica id {id:?} must be non-empty and free of NUL characters"
-            )));
-        }
+        crate::message::check_replica_id(&id).map_err(BackendError::new)?;
         let ttl = coordinator.lease_ttl();
         let confirm_pushes = coordinator.pushes_need_confirmation();
         // Tickets of a restarted replica that reuses its id must not repeat the dead

@@ -73,7 +73,8 @@ impl Replica {
     ///
     /// # Errors
     /// [`BackendError`] when the coordinator cannot be reached, when a thread cannot
-    /// be spawned, when `id` is empty or holds a NUL, when another live replica uses
+    /// be spawned, when `id` is empty, holds a NUL or is over
+    /// [`MAX_REPLICA_ID_BYTES`](crate::MAX_REPLICA_ID_BYTES), when another live replica uses
     /// `id` (or one that crashed less than a TTL ago; the memory backend only: Redis
     /// cannot tell two live replicas with one id apart, so give each process its own),
     /// or when the coordinator's lease
