@@ -157,15 +157,15 @@ fn an_enqueue_refreshes_the_entry_of_a_replica_attached_after_a_crash() {
     the_entry_attached_now_is_refreshed(false);
 }
 
-/// The shards' lock and the replicas' lock are taken in both orders (a call into one
-/// chat finds other replicas' liveness under its shard's lock; a renewal visits
-/// shards under the replicas' read lock) while attach and detach write: this must
-/// never deadlock. Threads hammer all three at once; a watchdog turns a hang into a
-/// failure.
+/// A call into one chat finds replicas' entries under its shard's lock, while
+/// renewals visit shards and attach and detach write the replicas' map: this must
+/// never deadlock, also with two writers at once (a reader parked behind one writer
+/// while a renewal read the map and waited for the shard was the deadlock a breaker
+/// found). Threads hammer all of it at once; a watchdog turns a hang into a failure.
 #[test]
 fn shard_and_replica_locks_never_wait_on_each_other() {
     use std::sync::Barrier;
-    const ROUNDS: u64 = 20_000;
+    const ROUNDS: u64 = 40_000;
     let c = Arc::new(MemoryCoordinator::new());
     let renewer = support::Caller::attach(&*c, "renewer");
     let chats: Vec<String> = (0..64).map(|i| format!("chat-{i}")).collect();
@@ -186,7 +186,8 @@ fn shard_and_replica_locks_never_wait_on_each_other() {
             .expect("free");
         held.push((ticket, grant.token));
     }
-    let start = Arc::new(Barrier::new(4));
+    const THREADS: usize = 5;
+    let start = Arc::new(Barrier::new(THREADS + 1));
     let (done_tx, done_rx) = crossbeam_channel::unbounded();
     let mut threads = Vec::new();
     for t in 0..2u64 {
@@ -208,38 +209,48 @@ fn shard_and_replica_locks_never_wait_on_each_other() {
                     message_id: None,
                     wait: Duration::from_secs(600),
                 };
+                let _ = c
+                    .grant_if_free(&req, std::time::Instant::now())
+                    .expect("grant_if_free");
                 let _ = c.enqueue(&req).expect("enqueue");
                 let _ = c.cancel(&w).expect("cancel");
             }
             let _ = done.send(());
         }));
     }
-    {
+    for t in 0..2u64 {
         let (c, start, done) = (c.clone(), start.clone(), done_tx.clone());
         threads.push(std::thread::spawn(move || {
             start.wait();
-            for n in 0..ROUNDS / 10 {
-                let id: botmesh::ReplicaId = Arc::from(format!("passer-{}", n % 3));
+            for n in 0..ROUNDS / 4 {
+                let id: botmesh::ReplicaId = Arc::from(format!("passer-{t}-{}", n % 3));
                 c.attach(&id, Arc::new(|_: &str, _| {})).expect("attach");
                 c.detach(&id, &[]).expect("detach");
             }
             let _ = done.send(());
         }));
     }
-    start.wait();
-    for _ in 0..ROUNDS / 10 {
-        let leases: Vec<botmesh::HeldLease<'_>> = held
-            .iter()
-            .zip(&chats)
-            .map(|((ticket, token), chat)| botmesh::HeldLease {
-                chat,
-                ticket,
-                token: *token,
-            })
-            .collect();
-        c.renew(&renewer.id, &leases, &[]).expect("renew");
+    {
+        let (c, start, done, chats) = (c.clone(), start.clone(), done_tx.clone(), chats.clone());
+        threads.push(std::thread::spawn(move || {
+            start.wait();
+            for _ in 0..ROUNDS / 4 {
+                let leases: Vec<botmesh::HeldLease<'_>> = held
+                    .iter()
+                    .zip(&chats)
+                    .map(|((ticket, token), chat)| botmesh::HeldLease {
+                        chat,
+                        ticket,
+                        token: *token,
+                    })
+                    .collect();
+                c.renew(&renewer.id, &leases, &[]).expect("renew");
+            }
+            let _ = done.send(());
+        }));
     }
-    for _ in 0..3 {
+    start.wait();
+    for _ in 0..THREADS {
         done_rx
             .recv_timeout(Duration::from_secs(120))
             .expect("a thread is stuck: the locks waited on each other");
@@ -247,4 +258,80 @@ fn shard_and_replica_locks_never_wait_on_each_other() {
     for t in threads {
         t.join().expect("thread");
     }
+}
+
+/// A lease granted on a free chat runs a TTL from its call, which may be up to a
+/// quarter TTL past its holder's stored liveness: until it ends, the holder's id is
+/// in use (a second replica of that id would share its grants, and its clean stop
+/// would free the first one's turns) and the holder is listed live.
+#[test]
+fn a_holders_id_stays_in_use_while_its_lease_runs() {
+    let (c, clock, ttl) = fake_clocked();
+    let a = support::Caller::attach(&c, "a");
+    clock.advance(ttl / 5);
+    let ticket = a.ticket(1);
+    let grant = c
+        .grant_if_free(&support::request(&ticket), std::time::Instant::now())
+        .expect("call")
+        .expect("free");
+    // Past a's stored liveness (a TTL from attach), within its lease (1.2 TTL).
+    clock.advance(ttl - ttl / 20);
+    let view = c.inspect_chat("chat").expect("inspect");
+    assert_eq!(
+        view.holder.map(|h| h.token),
+        Some(grant.token),
+        "still held"
+    );
+    assert!(
+        c.attach(&a.id, Arc::new(|_: &str, _| {})).is_err(),
+        "a's id was taken again while a holds a running lease"
+    );
+    let live = c.inspect(10).expect("inspect").replicas;
+    assert!(live.iter().any(|r| &**r == "a"), "{live:?}");
+    // Once the lease could have ended, the id is free.
+    clock.advance(ttl / 5);
+    c.attach(&a.id, Arc::new(|_: &str, _| {}))
+        .expect("a crashed replica's id is free once its leases ended");
+}
+
+/// A replica that crashed with a long queue of tickets on one chat, restarted under
+/// the same id: the backlog's tickets count as the new replica's, which releases each
+/// one's grant unused as it comes. Each release hands the chat to the next ticket of
+/// the backlog; they are released in a loop, not one stack frame a ticket (3,000 of
+/// them overflowed a 2 MiB thread stack), and the chat then goes on to a live waiter.
+#[test]
+fn a_dead_predecessors_backlog_is_released_without_recursion() {
+    const BACKLOG: u64 = 3_000;
+    let (c, clock, ttl) = fake_clocked();
+    let c = Arc::new(c);
+    {
+        let old = support::Caller::attach(&*c, "a");
+        for seq in 1..=BACKLOG {
+            let ticket = old.ticket(seq);
+            let req = botmesh::EnqueueRequest {
+                chat: "chat",
+                ticket: &ticket,
+                message_id: None,
+                wait: Duration::from_secs(3600),
+            };
+            c.enqueue(&req).expect("enqueue");
+        }
+    }
+    clock.advance(ttl * 2);
+    let new = botmesh::Replica::start("a", c.clone()).expect("the id is free again");
+    let b = botmesh::Replica::start("b", c.clone()).expect("b");
+    let got = std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(move || {
+            let token = b
+                .acquire_timeout("chat", Duration::from_secs(5))
+                .map(|t| t.fencing_token());
+            b.shutdown();
+            token
+        })
+        .expect("thread")
+        .join()
+        .expect("b's thread did not overflow its stack");
+    assert!(got.is_ok(), "{got:?}");
+    new.shutdown();
 }

@@ -139,6 +139,9 @@ enum Refresh<'a> {
     /// count its tickets' liveness from (`grant_if_free`, `release`): the replica
     /// assumes no more than its enqueues and renewals stored, and the grants made in
     /// the call itself see the full TTL. Saves a locked write per uncontended call.
+    /// Such a grant's lease may end up to the slack after the stored liveness, which
+    /// is why a replica counts as present (its id in use) for that much longer
+    /// ([`MemoryCoordinator::present_until`]).
     InCall(&'a ReplicaId),
 }
 
@@ -245,17 +248,30 @@ impl MemoryCoordinator {
     }
 
     /// How far a caller's stored liveness may lag a TTL from now before a
-    /// [`Refresh::InCall`] stores it: a quarter of the TTL. Any value is safe (see
-    /// `Refresh::InCall`); a smaller one only writes more often.
+    /// [`Refresh::InCall`] stores it: a quarter of the TTL. A lease granted in such a
+    /// call ends at most this long after its holder's stored liveness, so a replica
+    /// counts as present (its id in use, listed live) until then: see
+    /// [`MemoryCoordinator::present_until`].
     fn refresh_slack_ns(&self) -> u64 {
         self.ttl_ns / 4
     }
 
+    /// Until when (ns, as `ns`) a replica counts as present: its stored liveness plus
+    /// the refresh slack, which covers every lease it was granted (a grant in an
+    /// `InCall` ends at most the slack after the liveness stored then). Its id is in
+    /// use until then, and `inspect` lists it live; its waiting tickets still lapse
+    /// with the stored liveness itself (the replica counts on no more for them).
+    fn present_until(&self, entry: &ReplicaEntry) -> u64 {
+        entry
+            .alive_until
+            .load(Ordering::Acquire)
+            .saturating_add(self.refresh_slack_ns())
+    }
+
     /// The caller's entry from a shard's cache, looked up in `replicas` on a miss;
-    /// `None` when the caller is not attached. Called under the shard's lock: the
-    /// replicas' lock is taken with `read_recursive`, which never waits behind a
-    /// queued writer while another thread reads, and no writer of `replicas` takes a
-    /// shard's lock, so the two locks cannot wait on each other.
+    /// `None` when the caller is not attached. Called under the shard's lock, which
+    /// is safe because nothing waits for a shard's lock while holding the replicas'
+    /// (see `with_env`).
     fn cached_caller<'c>(
         &self,
         callers: &'c mut Callers,
@@ -275,7 +291,7 @@ impl MemoryCoordinator {
             None => {
                 let found = self
                     .replicas
-                    .read_recursive()
+                    .read()
                     .get_key_value(id)
                     .map(|(k, e)| (k.clone(), e.clone()))?;
                 if callers.entries.len() >= CALLERS_CACHED {
@@ -296,12 +312,13 @@ impl MemoryCoordinator {
     /// the backend, taken by the caller). `refresh`: a replica the call is a sign of
     /// life of (see `enqueue`), refreshed first.
     ///
-    /// For the calls that visit many shards (renew, detach). The replicas' read lock
-    /// is held throughout, so one lookup serves the refresh and the liveness checks
-    /// of the caller's own tickets, and no attach or detach falls between them. The
-    /// table reads liveness through this guard, never by locking again (a second
-    /// plain read lock in one thread can deadlock behind a waiting writer). Nothing
-    /// here takes the write lock under a shard's lock.
+    /// For the calls that visit many shards (renew, detach). They read the replicas
+    /// from a copy of the map (its entries shared, so liveness is read live) taken
+    /// before any shard's lock: no thread waits for a shard's lock while it holds the
+    /// replicas' lock, read or write, so a call into one shard may take the
+    /// replicas' lock under its shard's (see `on_chat_at`) without the two ever
+    /// waiting on each other. A copy per renewal tick costs little: a process has a
+    /// few replicas.
     fn with_env<T>(
         &self,
         now: Instant,
@@ -310,7 +327,7 @@ impl MemoryCoordinator {
     ) -> T {
         // One conversion per call: the table's times are ns since `base`.
         let now_ns = self.ns(now);
-        let replicas = self.replicas.read();
+        let replicas = self.replicas.read().clone();
         let caller = refresh.and_then(|id| replicas.get_key_value(id));
         if let Some((_, entry)) = caller {
             self.refresh(entry, now_ns);
@@ -408,7 +425,7 @@ impl MemoryCoordinator {
                     Some(entry.alive_until.load(Ordering::Acquire).max(in_call))
                 }
                 _ => others
-                    .get_or_init(|| self.replicas.read_recursive())
+                    .get_or_init(|| self.replicas.read())
                     .get(r)
                     .map(|e| e.alive_until.load(Ordering::Acquire)),
             };
@@ -460,12 +477,13 @@ impl Coordinator for MemoryCoordinator {
     fn attach(&self, replica: &ReplicaId, sink: GrantSink) -> Result<(), BackendError> {
         let now = self.clock.now();
         let mut replicas = self.replicas.write();
-        let alive = |r: &Arc<ReplicaEntry>| r.alive_until.load(Ordering::Acquire) >= self.ns(now);
-        if replicas.get(replica).is_some_and(alive) {
-            // Two live replicas with one id would take each other's grants.
+        let present = |r: &Arc<ReplicaEntry>| self.present_until(r) >= self.ns(now);
+        if replicas.get(replica).is_some_and(present) {
+            // Two live replicas with one id would take each other's grants, and a
+            // crashed one may still hold leases.
             return Err(BackendError::new(format!(
                 "replica id {replica:?} is already in use (by a live replica, or by one that \
-                 crashed less than one lease TTL ago)"
+                 crashed less than 1.25 lease TTLs ago)"
             )));
         }
         let entry = ReplicaEntry {
@@ -645,7 +663,7 @@ impl Coordinator for MemoryCoordinator {
             .replicas
             .read()
             .iter()
-            .filter(|(_, r)| r.alive_until.load(Ordering::Acquire) >= self.ns(now))
+            .filter(|(_, r)| self.present_until(r) >= self.ns(now))
             .map(|(id, _)| id.clone())
             .collect();
         replicas.sort();

@@ -3,6 +3,8 @@
 //! end by this replica's clock, is confirmed first when that end is near or unknown,
 //! and is released when nobody waits for it.
 
+use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -20,6 +22,26 @@ use crate::metrics::{Counted, dec, inc};
 /// few suffice; an older one forgotten only leaves that chat's next `previous` as the
 /// backend gave it.
 const UNUSED_KEPT: usize = 32;
+
+/// A grant released unused, waiting its turn (see [`Inner::release_ghost`]).
+type PendingGhost = (Arc<Inner>, String, Grant);
+
+thread_local! {
+    /// The grants nobody here will use that this thread met while it released one:
+    /// `Some` while a `release_ghost` runs on the thread, which releases them in turn.
+    static PENDING_GHOSTS: RefCell<Option<VecDeque<PendingGhost>>> = const { RefCell::new(None) };
+}
+
+/// Ends a thread's run of ghost releases, also when one panicked, so that a later
+/// `release_ghost` on the thread releases its own grant instead of queueing it for
+/// nobody.
+struct GhostRun;
+
+impl Drop for GhostRun {
+    fn drop(&mut self) {
+        PENDING_GHOSTS.with(|p| p.borrow_mut().take());
+    }
+}
 
 impl Inner {
     /// Takes a waiter out like [`Inner::take_waiter`], marking its ticket in hand
@@ -304,7 +326,35 @@ impl Inner {
     /// Releases a grant nobody here will use (a ghost's, a dead predecessor's, a
     /// given-up waiter's), remembering it in `unused` first; a grant handed on in the
     /// reply to another of our tickets is routed.
+    ///
+    /// The reply may hand the chat to another such ticket (a dead predecessor with
+    /// the same id left its queued backlog), whose release hands it on again, and so
+    /// on: one level of recursion a ticket would overflow the thread's stack on a
+    /// backlog of a few thousand (a breaker's find). So a release met while one runs
+    /// on this thread is queued, and the first one releases the queue in a loop.
     pub(super) fn release_ghost(self: &Arc<Self>, chat: &str, grant: &Grant) {
+        let queued = PENDING_GHOSTS.with(|p| match p.borrow_mut().as_mut() {
+            Some(queue) => {
+                queue.push_back((self.clone(), chat.to_owned(), grant.clone()));
+                true
+            }
+            None => false,
+        });
+        if queued {
+            return;
+        }
+        PENDING_GHOSTS.with(|p| *p.borrow_mut() = Some(VecDeque::new()));
+        let _run = GhostRun;
+        self.release_ghost_now(chat, grant);
+        while let Some((inner, chat, grant)) =
+            PENDING_GHOSTS.with(|p| p.borrow_mut().as_mut().and_then(VecDeque::pop_front))
+        {
+            inner.release_ghost_now(&chat, &grant);
+        }
+    }
+
+    /// [`Inner::release_ghost`]'s one release.
+    fn release_ghost_now(self: &Arc<Self>, chat: &str, grant: &Grant) {
         // Recorded before the release, whose reply may hand the chat on to another of
         // our tickets naming this grant as its previous holder.
         let previous = self.previous_of(chat, grant.previous.clone());
