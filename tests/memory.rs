@@ -50,21 +50,46 @@ fn fake_clocked() -> (MemoryCoordinator, botmesh::Clock, Duration) {
     (c, clock, ttl)
 }
 
-/// A turn granted at once lasts a full TTL from the call, whatever the caller's
-/// stored liveness (which such a call moves only once it lags by a quarter TTL).
-#[test]
-fn a_grant_at_once_lasts_a_ttl_from_its_call() {
+/// Replica "a" attached, then a fifth of a TTL later granted the free chat "chat" at
+/// once: its stored liveness still ends a TTL after the attach (the call moved it
+/// not, being within a quarter TTL), its lease a TTL after the grant.
+struct GrantedLater {
+    c: MemoryCoordinator,
+    clock: botmesh::Clock,
+    ttl: Duration,
+    a: support::Caller,
+    ticket: botmesh::Ticket,
+    grant: botmesh::Grant,
+}
+
+fn granted_a_fifth_ttl_after_attach() -> GrantedLater {
     let (c, clock, ttl) = fake_clocked();
     let a = support::Caller::attach(&c, "a");
     clock.advance(ttl / 5);
     let ticket = a.ticket(1);
-    let granted = c
+    let grant = c
         .grant_if_free(&support::request(&ticket), std::time::Instant::now())
-        .expect("call");
-    assert!(granted.is_some(), "the chat is free");
+        .expect("call")
+        .expect("the chat is free");
+    GrantedLater {
+        c,
+        clock,
+        ttl,
+        a,
+        ticket,
+        grant,
+    }
+}
+
+/// A turn granted at once lasts a full TTL from the call, whatever the caller's
+/// stored liveness (which such a call moves only once it lags by a quarter TTL).
+#[test]
+fn a_grant_at_once_lasts_a_ttl_from_its_call() {
+    let g = granted_a_fifth_ttl_after_attach();
+    let (c, clock, ttl, ticket) = (&g.c, &g.clock, g.ttl, &g.ticket);
     // Past a TTL from attach, within a TTL from the grant.
     clock.advance(ttl - ttl / 10);
-    let b = support::Caller::attach(&c, "b");
+    let b = support::Caller::attach(c, "b");
     let other = b.ticket(1);
     assert!(
         c.grant_if_free(&support::request(&other), std::time::Instant::now())
@@ -74,7 +99,7 @@ fn a_grant_at_once_lasts_a_ttl_from_its_call() {
     );
     let view = c.inspect_chat("chat").expect("inspect");
     let holder = view.holder.expect("held");
-    assert_eq!(holder.ticket, ticket);
+    assert_eq!(&holder.ticket, ticket);
     assert_eq!(holder.lease_left, ttl / 10);
 }
 
@@ -266,14 +291,8 @@ fn shard_and_replica_locks_never_wait_on_each_other() {
 /// would free the first one's turns) and the holder is listed live.
 #[test]
 fn a_holders_id_stays_in_use_while_its_lease_runs() {
-    let (c, clock, ttl) = fake_clocked();
-    let a = support::Caller::attach(&c, "a");
-    clock.advance(ttl / 5);
-    let ticket = a.ticket(1);
-    let grant = c
-        .grant_if_free(&support::request(&ticket), std::time::Instant::now())
-        .expect("call")
-        .expect("free");
+    let g = granted_a_fifth_ttl_after_attach();
+    let (c, clock, ttl, a, grant) = (&g.c, &g.clock, g.ttl, &g.a, &g.grant);
     // Past a's stored liveness (a TTL from attach), within its lease (1.2 TTL).
     clock.advance(ttl - ttl / 20);
     let view = c.inspect_chat("chat").expect("inspect");
