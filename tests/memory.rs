@@ -103,6 +103,19 @@ fn a_grant_at_once_lasts_a_ttl_from_its_call() {
     assert_eq!(holder.lease_left, ttl / 10);
 }
 
+/// The lease of `ticket` granted at once on the free chat "chat".
+fn take_free<'a>(c: &MemoryCoordinator, ticket: &'a botmesh::Ticket) -> botmesh::HeldLease<'a> {
+    let grant = c
+        .grant_if_free(&support::request(ticket), std::time::Instant::now())
+        .expect("call")
+        .expect("free");
+    botmesh::HeldLease {
+        chat: "chat",
+        ticket,
+        token: grant.token,
+    }
+}
+
 /// An enqueue stores its caller's liveness a TTL ahead (the replica counts a pushed
 /// grant from the enqueue's send time), and a replica id attached again has its new
 /// entry refreshed, not one a shard remembered from before. `detach`: the first
@@ -113,15 +126,7 @@ fn the_entry_attached_now_is_refreshed(detach: bool) {
     let ticket = first.ticket(1);
     let now = std::time::Instant::now();
     // The chat's shard remembers the first entry of "a".
-    let turn = c
-        .grant_if_free(&support::request(&ticket), now)
-        .expect("call")
-        .expect("free");
-    let lease = botmesh::HeldLease {
-        chat: "chat",
-        ticket: &ticket,
-        token: turn.token,
-    };
+    let lease = take_free(&c, &ticket);
     c.release(&lease, None).expect("release");
     if detach {
         c.detach(&first.id, &[]).expect("detach");
@@ -140,18 +145,11 @@ fn the_entry_attached_now_is_refreshed(detach: bool) {
     let again = support::Caller::attach(&c, "a");
     let holder = support::Caller::attach(&c, "b");
     let held = holder.ticket(1);
-    let turn = c
-        .grant_if_free(&support::request(&held), now)
-        .expect("call")
-        .expect("free");
-    let lease = botmesh::HeldLease {
-        chat: "chat",
-        ticket: &held,
-        token: turn.token,
-    };
+    let lease = take_free(&c, &held);
     clock.advance(ttl / 10);
     // b's lease now ends at 1.1 TTL; a's entry was stored alive until 1 TTL.
-    c.renew(&holder.id, &[lease], &[]).expect("renew");
+    c.renew(&holder.id, std::slice::from_ref(&lease), &[])
+        .expect("renew");
     let waiting = again.ticket(7);
     let queued = c.enqueue(&support::request(&waiting)).expect("enqueue");
     assert!(matches!(queued, botmesh::Enqueued::Queued), "{queued:?}");
@@ -162,11 +160,6 @@ fn the_entry_attached_now_is_refreshed(detach: bool) {
         "the enqueue stored a's liveness in its attached entry: {live:?}"
     );
     // b's release hands the chat to a's waiting ticket, alive by that enqueue.
-    let lease = botmesh::HeldLease {
-        chat: "chat",
-        ticket: &held,
-        token: turn.token,
-    };
     c.release(&lease, None).expect("release");
     let view = c.inspect_chat("chat").expect("inspect");
     assert_eq!(view.holder.map(|h| h.ticket), Some(waiting));
@@ -180,6 +173,16 @@ fn an_enqueue_refreshes_the_entry_of_a_replica_attached_after_a_detach() {
 #[test]
 fn an_enqueue_refreshes_the_entry_of_a_replica_attached_after_a_crash() {
     the_entry_attached_now_is_refreshed(false);
+}
+
+/// An enqueue of `ticket` on `chat`, no message id, waiting up to an hour.
+fn waiting_long<'a>(chat: &'a str, ticket: &'a botmesh::Ticket) -> botmesh::EnqueueRequest<'a> {
+    botmesh::EnqueueRequest {
+        chat,
+        ticket,
+        message_id: None,
+        wait: Duration::from_secs(3600),
+    }
 }
 
 /// A call into one chat finds replicas' entries under its shard's lock, while
@@ -199,12 +202,7 @@ fn shard_and_replica_locks_never_wait_on_each_other() {
     let mut held = Vec::new();
     for (i, chat) in chats.iter().enumerate() {
         let ticket = renewer.ticket(i as u64 + 1);
-        let req = botmesh::EnqueueRequest {
-            chat,
-            ticket: &ticket,
-            message_id: None,
-            wait: Duration::from_secs(600),
-        };
+        let req = waiting_long(chat, &ticket);
         let grant = c
             .grant_if_free(&req, std::time::Instant::now())
             .expect("call")
@@ -228,12 +226,7 @@ fn shard_and_replica_locks_never_wait_on_each_other() {
                     ticket: &ticket,
                     message_id: None,
                 };
-                let req = botmesh::EnqueueRequest {
-                    chat,
-                    ticket: &ticket,
-                    message_id: None,
-                    wait: Duration::from_secs(600),
-                };
+                let req = waiting_long(chat, &ticket);
                 let _ = c
                     .grant_if_free(&req, std::time::Instant::now())
                     .expect("grant_if_free");
@@ -327,12 +320,7 @@ fn a_dead_predecessors_backlog_is_released_without_recursion() {
         let old = support::Caller::attach(&*c, "a");
         for seq in 1..=BACKLOG {
             let ticket = old.ticket(seq);
-            let req = botmesh::EnqueueRequest {
-                chat: "chat",
-                ticket: &ticket,
-                message_id: None,
-                wait: Duration::from_secs(3600),
-            };
+            let req = waiting_long("chat", &ticket);
             c.enqueue(&req).expect("enqueue");
         }
     }
