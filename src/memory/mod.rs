@@ -145,6 +145,12 @@ enum Refresh<'a> {
     InCall(&'a ReplicaId),
 }
 
+/// Whether two ids name one replica: by pointer first, as a replica passes the same
+/// `Arc` to every call, else by name.
+fn same_replica(a: &ReplicaId, b: &ReplicaId) -> bool {
+    Arc::ptr_eq(a, b) || a == b
+}
+
 /// A duration in ns, saturating (at about 584 years).
 fn as_ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -285,7 +291,7 @@ impl MemoryCoordinator {
         let cached = callers
             .entries
             .iter()
-            .position(|(k, _)| Arc::ptr_eq(k, id) || k == id);
+            .position(|(k, _)| same_replica(k, id));
         let at = match cached {
             Some(i) => i,
             None => {
@@ -334,7 +340,7 @@ impl MemoryCoordinator {
         }
         let alive = |e: &Arc<ReplicaEntry>| e.alive_until.load(Ordering::Acquire);
         let alive_until = |r: &ReplicaId| match caller {
-            Some((id, entry)) if Arc::ptr_eq(id, r) || id == r => Some(alive(entry)),
+            Some((id, entry)) if same_replica(id, r) => Some(alive(entry)),
             _ => replicas.get(r).map(alive),
         };
         let next_token = || self.next_token();
@@ -403,14 +409,10 @@ impl MemoryCoordinator {
         let result = {
             let mut guard = self.shard(chat).lock();
             let cell = &mut *guard;
-            let (id, stored) = match refresh {
-                Refresh::No => (None, true),
-                Refresh::Stored(id) => (Some(id), true),
-                Refresh::InCall(id) => (Some(id), false),
-            };
-            let caller = match id {
-                Some(id) => self.cached_caller(&mut cell.callers, id),
-                None => None,
+            let (caller, stored) = match refresh {
+                Refresh::No => (None, false),
+                Refresh::Stored(id) => (self.cached_caller(&mut cell.callers, id), true),
+                Refresh::InCall(id) => (self.cached_caller(&mut cell.callers, id), false),
             };
             if let Some((_, entry)) = caller {
                 let alive = entry.alive_until.load(Ordering::Acquire);
@@ -420,7 +422,7 @@ impl MemoryCoordinator {
             }
             let others = OnceCell::new();
             let alive_until = |r: &ReplicaId| match caller {
-                Some((id, entry)) if Arc::ptr_eq(id, r) || id == r => {
+                Some((id, entry)) if same_replica(id, r) => {
                     // The call itself is a sign of life (see `Refresh`).
                     Some(entry.alive_until.load(Ordering::Acquire).max(in_call))
                 }
@@ -530,7 +532,8 @@ impl Coordinator for MemoryCoordinator {
         req: &EnqueueRequest<'_>,
         sent: Instant,
     ) -> Result<Option<Grant>, BackendError> {
-        // A sign of life like `enqueue`. Nothing is queued, so nothing is pushed.
+        // A sign of life within the call (see `Refresh::InCall`): the turn granted
+        // lasts a TTL from `sent`. Nothing is queued, so nothing is pushed.
         Ok(self.on_chat_at(
             req.chat,
             Refresh::InCall(&req.ticket.replica),
