@@ -55,7 +55,11 @@
 //! TTL `--ttl-ms`; any number of processes share its turns. `--backend memory`: a
 //! [`MemoryCoordinator`], whose turns exist only inside one process, so it requires
 //! `--replicas 1` (run several workers with `--threads` instead); anything else is
-//! refused rather than measured as if the processes excluded each other. Redis is still
+//! refused rather than measured as if the processes excluded each other. Before
+//! `READY` its table is prepared for the chats the workload touches
+//! (`MemoryCoordinator::with_chat_capacity`, as a bot that knows its chat count would
+//! configure `chatCapacity`); `--chat-capacity 0` measures a table that grows as it
+//! goes. Redis is still
 //! used for the critical section with `--cs redis` (and for W3's sequence).
 //! `--backend contract-floor`: no botmesh turn at all, but the bench's contract floor
 //! (`examples/common/floor.rs`: the least state the turn's contract keeps for an
@@ -103,6 +107,11 @@ usage: bench_worker --workload W1|W2|W3 --out FILE [options]
                         the coordinator (memory needs --replicas 1; contract-floor,
                         a yardstick of W1's least cost, is no lock: W1 only)
                         (default redis)
+  --chat-capacity N|auto
+                        --backend memory: chats the table is prepared for before
+                        READY (MemoryCoordinator::with_chat_capacity); auto: the
+                        chats the workload touches (W1 --keys, W2 --chats, W3 1);
+                        0: none, the table grows as it goes       (default auto)
   --out FILE            where the samples go (JSON, written atomically)
 
 Prints READY once connected, waits for the line GO on stdin, runs, writes FILE,
@@ -151,6 +160,8 @@ struct Options {
     port: u16,
     deadline_ms: u64,
     backend: Backend,
+    /// `--chat-capacity`: `None` is `auto`.
+    chat_capacity: Option<u64>,
     out: PathBuf,
 }
 
@@ -180,6 +191,7 @@ fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String> {
         port: 6379,
         deadline_ms: 600_000,
         backend: Backend::Redis,
+        chat_capacity: None,
         out: PathBuf::new(),
     };
     let mut parser = lexopt::Parser::from_args(args);
@@ -229,6 +241,14 @@ fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String> {
                             "--backend: {v:?} is not redis, memory or contract-floor"
                         ));
                     }
+                };
+            }
+            Long("chat-capacity") => {
+                o.chat_capacity = match text(&mut parser, "--chat-capacity")?.as_str() {
+                    "auto" => None,
+                    v => Some(v.parse().ok().filter(|n| *n <= 1 << 24).ok_or_else(|| {
+                        format!("--chat-capacity: {v:?} is not auto or a number from 0 to 16777216")
+                    })?),
                 };
             }
             Long("out") => {
@@ -747,7 +767,16 @@ fn run(o: &Options) -> Result<(), String> {
         ),
         // The floor's worker still starts a replica (unused), so both frames set up alike.
         Backend::Memory | Backend::ContractFloor => {
-            Arc::new(MemoryCoordinator::with_settings(ttl, DEFAULT_DEDUP_WINDOW))
+            let touched = match o.workload {
+                Workload::W1 => o.keys,
+                Workload::W2 => o.chats,
+                Workload::W3 => 1,
+            };
+            let chats = o.chat_capacity.unwrap_or(touched);
+            Arc::new(
+                MemoryCoordinator::with_settings(ttl, DEFAULT_DEDUP_WINDOW)
+                    .with_chat_capacity(usize::try_from(chats).unwrap_or(usize::MAX)),
+            )
         }
     };
     let floor = (o.backend == Backend::ContractFloor).then(floor::ContractFloor::default);

@@ -1418,6 +1418,66 @@ fn dedup_ids_is_read_checked_and_defaulted() {
     }
 }
 
+// ----- chatCapacity
+
+/// `chatCapacity` (chats a memory coordinator is prepared for) reads as a whole number
+/// from 0 to 2^24 in either spelling, defaults to 0 (grow as needed), builds a working
+/// coordinator, and a value out of range or of the wrong kind is refused naming the
+/// field and the value; a Redis coordinator does not take it.
+#[test]
+fn chat_capacity_is_read_checked_and_defaulted() {
+    assert_eq!(
+        memory(&json(r#"{"coordinator": {"memory": {}}}"#)).chat_capacity,
+        0
+    );
+    for key in ["chatCapacity", "chat_capacity"] {
+        let config = json(&format!(
+            r#"{{"coordinator": {{"memory": {{"{key}": 5000}}}}}}"#
+        ));
+        assert_eq!(memory(&config).chat_capacity, 5000, "{key}");
+    }
+    json_err(
+        r#"{"coordinator": {"memory": {"chatCapacity": 16777217}}}"#,
+        &[
+            "coordinator.memory.chatCapacity: 16777217 is out of range",
+            "16777216",
+        ],
+    );
+    json_err(
+        r#"{"coordinator": {"memory": {"chatCapacity": -1}}}"#,
+        &["coordinator.memory.chatCapacity", "-1"],
+    );
+    json_err(
+        r#"{"coordinator": {"memory": {"chatCapacity": "50000"}}}"#,
+        &["coordinator.memory.chatCapacity", "\"50000\" is a string"],
+    );
+    let err = MemoryOptions::default()
+        .with_chat_capacity(botmesh::MAX_CHAT_CAPACITY + 1)
+        .validate();
+    assert!(
+        err.is_err_and(|e| e
+            .to_string()
+            .contains("chatCapacity: 16777217 is out of range")),
+        "refused in code too"
+    );
+    // Built, it takes turns like any other.
+    let config = json(r#"{"coordinator": {"memory": {"chatCapacity": 1000}}}"#);
+    let coordinator = config.coordinator.build().expect("a memory coordinator");
+    let replica = botmesh::Replica::start("r1", coordinator).expect("started");
+    for chat in ["a", "b", "a"] {
+        let turn = replica
+            .acquire_timeout(chat, Duration::from_secs(5))
+            .expect("a free chat");
+        turn.release().expect("released");
+    }
+    replica.shutdown();
+    #[cfg(feature = "redis")]
+    json_err(
+        r#"{"coordinator": {"redis": {"url": "redis://h:6379", "chatCapacity": 10}}}"#,
+        &["chatCapacity"],
+    );
+}
+
 /// `waitReplicas` (replicas that must acknowledge each write, Redis) reads as a whole
 /// number from 0 to 100 in either spelling, defaults to 0 (off), and anything else is
 /// refused naming the field and the value.

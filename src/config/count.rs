@@ -38,6 +38,17 @@ pub(super) fn dedup_ids<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>
     )
 }
 
+/// Reads `chatCapacity`: a whole number from 0 to [`crate::MAX_CHAT_CAPACITY`], the
+/// chats a memory coordinator is prepared for.
+pub(super) fn chat_capacity<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    count(
+        d,
+        "chatCapacity",
+        "a whole number of chats from 0 to 16777216, such as 50000",
+        crate::memory::check_chat_capacity,
+    )
+}
+
 /// Reads `waitReplicas`: a whole number from 0 to [`crate::redis::MAX_WAIT_REPLICAS`],
 /// the replicas that must acknowledge each write.
 #[cfg(feature = "redis")]

@@ -78,6 +78,11 @@ struct FileMemory {
     dedup_window_ms: FileDuration<Any>,
     #[serde(alias = "dedup_ids", deserialize_with = "super::count::dedup_ids")]
     dedup_ids: Option<usize>,
+    #[serde(
+        alias = "chat_capacity",
+        deserialize_with = "super::count::chat_capacity"
+    )]
+    chat_capacity: Option<usize>,
 }
 
 const MEMORY: Shape = Shape {
@@ -97,6 +102,7 @@ impl<'de> Deserialize<'de> for MemoryOptions {
             lease_ttl: file.lease_ttl_ms.or(defaults.lease_ttl),
             dedup_window: file.dedup_window_ms.or(defaults.dedup_window),
             dedup_ids: file.dedup_ids.unwrap_or(defaults.dedup_ids),
+            chat_capacity: file.chat_capacity.unwrap_or(defaults.chat_capacity),
         })
     }
 }

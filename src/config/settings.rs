@@ -128,7 +128,7 @@ pub struct CoordinationConfig {
 pub enum CoordinatorConfig {
     /// An in-process backend ([`MemoryCoordinator`](crate::MemoryCoordinator)), built
     /// from these options; in files `{"memory": {}}` or
-    /// `{"memory": {"leaseTtl": "10s", "dedupWindow": "10m"}}`. **Every bot built from
+    /// `{"memory": {"leaseTtl": "10s", "dedupWindow": "10m", "chatCapacity": 50000}}`. **Every bot built from
     /// it creates its own coordinator**; see [`CoordinationConfig::shared`].
     Memory(MemoryOptions),
     /// A Redis (or Valkey) server shared by replicas in any number of processes, reached
@@ -182,6 +182,10 @@ pub struct MemoryOptions {
     /// when ids are numbers that rise per chat (Telegram's `message_id`), and may run
     /// again otherwise (see the README's *Duplicates*).
     pub dedup_ids: usize,
+    /// How many chats the table is prepared for when it is built (`chatCapacity`, 0 to
+    /// [`MAX_CHAT_CAPACITY`](crate::MAX_CHAT_CAPACITY), default 0: grow as needed); see
+    /// [`MemoryCoordinator::with_chat_capacity`](crate::MemoryCoordinator::with_chat_capacity).
+    pub chat_capacity: usize,
 }
 
 /// Which replicas connect a provider's transport (`providerSession`).
@@ -468,7 +472,8 @@ impl CoordinatorConfig {
         match self {
             CoordinatorConfig::Memory(options) => Ok(Arc::new(
                 crate::MemoryCoordinator::with_settings(options.lease_ttl, options.dedup_window)
-                    .with_dedup_ids(options.dedup_ids),
+                    .with_dedup_ids(options.dedup_ids)
+                    .with_chat_capacity(options.chat_capacity),
             )),
             #[cfg(feature = "redis")]
             CoordinatorConfig::Redis(options) => Ok(Arc::new(
@@ -558,12 +563,21 @@ impl MemoryOptions {
         self
     }
 
+    /// Sets [`chat_capacity`](Self::chat_capacity); checked by
+    /// [`validate`](Self::validate).
+    #[must_use]
+    pub fn with_chat_capacity(mut self, chats: usize) -> Self {
+        self.chat_capacity = chats;
+        self
+    }
+
     /// Checks the options.
     ///
     /// # Errors
     /// A [`ConfigError`] when `leaseTtlMs` is under [`Self::MIN_LEASE_TTL`], either
-    /// duration is over [`CoordinationConfig::MAX_DURATION`], or `dedupIds` is 0 or
-    /// over [`MAX_DEDUP_IDS`](crate::MAX_DEDUP_IDS).
+    /// duration is over [`CoordinationConfig::MAX_DURATION`], `dedupIds` is 0 or over
+    /// [`MAX_DEDUP_IDS`](crate::MAX_DEDUP_IDS), or `chatCapacity` is over
+    /// [`MAX_CHAT_CAPACITY`](crate::MAX_CHAT_CAPACITY).
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_as("")
     }
@@ -572,17 +586,21 @@ impl MemoryOptions {
         duration::check_set::<LeaseTtl>(&format!("{prefix}leaseTtlMs"), self.lease_ttl)?;
         duration::check_set::<Any>(&format!("{prefix}dedupWindowMs"), self.dedup_window)?;
         crate::coordinator::check_dedup_ids(&format!("{prefix}dedupIds"), self.dedup_ids)
+            .map_err(ConfigError::new)?;
+        crate::memory::check_chat_capacity(&format!("{prefix}chatCapacity"), self.chat_capacity)
             .map_err(ConfigError::new)
     }
 }
 
 impl Default for MemoryOptions {
-    /// A 10 second lease TTL and a 10 minute dedup window.
+    /// A 10 second lease TTL, a 10 minute dedup window, 64 ids a chat, no chat
+    /// capacity reserved.
     fn default() -> Self {
         MemoryOptions {
             lease_ttl: Self::DEFAULT_LEASE_TTL,
             dedup_window: Self::DEFAULT_DEDUP_WINDOW,
             dedup_ids: crate::coordinator::DEFAULT_DEDUP_IDS,
+            chat_capacity: 0,
         }
     }
 }

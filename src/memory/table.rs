@@ -311,6 +311,37 @@ fn row(name: &str, chat: &ChatState, now_ns: u64) -> ChatRow {
 }
 
 impl Shard {
+    /// Prepares a new shard for `chats` chats (see
+    /// [`MemoryCoordinator::with_chat_capacity`](crate::MemoryCoordinator::with_chat_capacity)):
+    /// `history` gets room for their last holders and `chats` for twice
+    /// [`ACTIVE_FLOOR`] active ones (a sweep starts at `ACTIVE_FLOOR`; the margin
+    /// leaves room for the tombstones its removals leave), both written once so that
+    /// their memory is mapped.
+    pub(crate) fn reserve(&mut self, chats: usize) {
+        let nobody: ReplicaId = ReplicaId::from("");
+        let past = || Past {
+            previous: Previous {
+                replica: nobody.clone(),
+                token: 0,
+            },
+            until: 0,
+        };
+        self.history.reserve_touched(chats, past);
+        let free = || ChatState {
+            holder: None,
+            previous: None,
+            idle_until: 0,
+            extra: None,
+        };
+        self.chats.reserve_touched(2 * ACTIVE_FLOOR, free);
+    }
+
+    /// How many idle chats' last holders fit before `history` grows.
+    #[cfg(test)]
+    pub(crate) fn history_capacity(&self) -> usize {
+        self.history.capacity()
+    }
+
     /// Inspection of one chat (read-only) at `now_ns` (as `Env::now_ns`); `None` when
     /// the table has no state for it.
     pub(crate) fn view(&self, now_ns: u64, chat: &str) -> Option<ChatRow> {

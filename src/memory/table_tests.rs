@@ -537,6 +537,43 @@ fn idle_chats_leave_the_active_map_and_keep_their_last_holder_for_the_history() 
     );
 }
 
+/// A shard prepared for 1,000 chats (`with_chat_capacity`) holds their history
+/// without growing, and its placeholders are never seen: no chat finds a previous
+/// holder it did not have, and every one finds the one it had.
+#[test]
+fn a_prepared_shard_remembers_its_chats_without_growing_or_inventing_holders() {
+    let mut f = Fixture::new();
+    f.shard.reserve(1000);
+    let room = f.shard.history_capacity();
+    assert!(room >= 1000, "{room}");
+    assert_eq!(f.shard.history.len(), 0);
+    let mut first = Vec::new();
+    for i in 0..1000 {
+        let chat = format!("c{i}");
+        let g = granted(f.enqueue(&chat, &ticket("a", i), None));
+        assert_eq!(g.previous, None, "{chat}: a placeholder's holder");
+        assert!(f.op(|s, env, _| s.view(env.now_ns, &chat)).is_some());
+        assert_eq!(
+            f.release(&chat, &g, None),
+            Released::Released { next: None }
+        );
+        first.push(g);
+    }
+    assert_eq!(f.shard.history_capacity(), room, "no growth");
+    for (i, g) in first.iter().enumerate() {
+        let chat = format!("c{i}");
+        let again = granted(f.enqueue(&chat, &ticket("b", 10_000 + i as u64), None));
+        let expected = Previous {
+            replica: Arc::from("a"),
+            token: g.token,
+        };
+        assert_eq!(again.previous, Some(expected), "{chat}");
+        f.release(&chat, &again, None);
+    }
+    // A name the placeholders had (the empty one) is a chat like any other.
+    assert_eq!(f.op(|s, env, _| s.view(env.now_ns, "")), None);
+}
+
 /// Enqueues and releases `n` other chats: enough traffic for the shard to sweep.
 fn other_traffic(f: &mut Fixture, n: u64) {
     for i in 0..n {
