@@ -24,8 +24,10 @@
 //!   one clock read; its cost is printed alongside).
 //! - **W1** (as FORMAT.md defines it): 10,000 chats never seen before, each once,
 //!   every pair timed, on a lock made fresh for the round (a W1 worker is a fresh
-//!   process); 21 rounds, the median round's pairs/s.
-//!   `--profile-w1 ROUNDS` runs only the turn table's rounds, for a profiler;
+//!   process); 21 rounds, the median round's pairs/s. The turn table's coordinator is
+//!   prepared for the round's chats (`with_chat_capacity`, as `bench_worker` does).
+//!   `--profile-w1 ROUNDS` runs only the turn table's rounds, for a profiler
+//!   (`turn-grow`: on a coordinator that grows as it goes);
 //!   `--profile-w1 ROUNDS floor` the *contract floor* instead: the least state the
 //!   turn's contract keeps for an uncontended pair (a token, a lease with its two clock
 //!   reads, the chat's last holder), with nothing else around it.
@@ -731,10 +733,13 @@ impl<L: ChatLock> W1Lock for L {
     }
 }
 
-/// [`measure_w1`] of the turn table: a coordinator and a replica per round.
-fn w1_turn_table(rounds: usize) -> Uncontended {
+/// [`measure_w1`] of the turn table: a coordinator and a replica per round, the
+/// coordinator prepared for the round's chats (`with_chat_capacity`, as `bench_worker`
+/// does) unless `grow`.
+fn w1_turn_table(rounds: usize, grow: bool) -> Uncontended {
     measure_w1(rounds, |round| {
-        let coordinator = Arc::new(MemoryCoordinator::new());
+        let capacity = if grow { 0 } else { CHATS };
+        let coordinator = Arc::new(MemoryCoordinator::new().with_chat_capacity(capacity));
         let replica = start_replica("w1-r1", &coordinator);
         round(&replica);
         replica.shutdown();
@@ -775,7 +780,7 @@ fn direct_measurements(full: bool) {
     let per_u = measure_uncontended(&per_chat, pairs, sampled);
     let one_map = TicketLock::default();
     let base_u = measure_uncontended(&one_map, pairs, sampled);
-    let turn_w1 = w1_turn_table(w1_rounds);
+    let turn_w1 = w1_turn_table(w1_rounds, false);
     let per_w1 = measure_w1(w1_rounds, |round| round(&PerChatTicketLock::default()));
     let base_w1 = measure_w1(w1_rounds, |round| round(&TicketLock::default()));
 
@@ -894,8 +899,8 @@ fn direct_measurements(full: bool) {
     }
 }
 
-/// `turns --profile-w1 ROUNDS [turn|per-chat|one-map|floor|floor-no-lease|floor-no-history|
-/// floor-map-token]`: only one variant's W1 rounds
+/// `turns --profile-w1 ROUNDS [turn|turn-grow|per-chat|one-map|floor|floor-no-lease|
+/// floor-no-history|floor-map-token]`: only one variant's W1 rounds
 /// (the turn table's by default; an unknown name is refused), for a profiler (`valgrind --tool=callgrind`),
 /// nothing printed but the rate.
 fn profile_w1(rounds: usize, variant: &str) {
@@ -914,10 +919,12 @@ fn profile_w1(rounds: usize, variant: &str) {
         "floor-map-token" => measure_w1(rounds, |round| {
             round(&ContractFloor::<false, false>::default())
         }),
-        "turn" => w1_turn_table(rounds),
+        "turn" => w1_turn_table(rounds, false),
+        "turn-grow" => w1_turn_table(rounds, true),
         other => {
             eprintln!(
-                "turns --profile-w1: {other:?} is not a variant (turn, per-chat, one-map, floor, \
+                "turns --profile-w1: {other:?} is not a variant (turn, turn-grow, per-chat, \
+                 one-map, floor, \
                  floor-no-lease, floor-no-history, floor-map-token)"
             );
             std::process::exit(2);
