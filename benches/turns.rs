@@ -24,10 +24,10 @@
 //!   one clock read; its cost is printed alongside).
 //! - **W1** (as FORMAT.md defines it): 10,000 chats never seen before, each once,
 //!   every pair timed, on a lock made fresh for the round (a W1 worker is a fresh
-//!   process); 21 rounds, the median round's pairs/s. The turn table's coordinator is
-//!   prepared for the round's chats (`with_chat_capacity`, as `bench_worker` does).
+//!   process); 21 rounds, the median round's pairs/s.
 //!   `--profile-w1 ROUNDS` runs only the turn table's rounds, for a profiler
-//!   (`turn-grow`: on a coordinator that grows as it goes);
+//!   (`turn-prepared`: on a coordinator prepared for the round's chats,
+//!   `with_chat_capacity`);
 //!   `--profile-w1 ROUNDS floor` the *contract floor* instead: the least state the
 //!   turn's contract keeps for an uncontended pair (a token, a lease with its two clock
 //!   reads, the chat's last holder), with nothing else around it.
@@ -734,11 +734,10 @@ impl<L: ChatLock> W1Lock for L {
 }
 
 /// [`measure_w1`] of the turn table: a coordinator and a replica per round, the
-/// coordinator prepared for the round's chats (`with_chat_capacity`, as `bench_worker`
-/// does) unless `grow`.
-fn w1_turn_table(rounds: usize, grow: bool) -> Uncontended {
+/// coordinator prepared for the round's chats (`with_chat_capacity`) when `prepared`.
+fn w1_turn_table(rounds: usize, prepared: bool) -> Uncontended {
     measure_w1(rounds, |round| {
-        let capacity = if grow { 0 } else { CHATS };
+        let capacity = if prepared { CHATS } else { 0 };
         let coordinator = Arc::new(MemoryCoordinator::new().with_chat_capacity(capacity));
         let replica = start_replica("w1-r1", &coordinator);
         round(&replica);
@@ -899,7 +898,7 @@ fn direct_measurements(full: bool) {
     }
 }
 
-/// `turns --profile-w1 ROUNDS [turn|turn-grow|per-chat|one-map|floor|floor-no-lease|
+/// `turns --profile-w1 ROUNDS [turn|turn-prepared|per-chat|one-map|floor|floor-no-lease|
 /// floor-no-history|floor-map-token]`: only one variant's W1 rounds
 /// (the turn table's by default; an unknown name is refused), for a profiler (`valgrind --tool=callgrind`),
 /// nothing printed but the rate.
@@ -920,10 +919,10 @@ fn profile_w1(rounds: usize, variant: &str) {
             round(&ContractFloor::<false, false>::default())
         }),
         "turn" => w1_turn_table(rounds, false),
-        "turn-grow" => w1_turn_table(rounds, true),
+        "turn-prepared" => w1_turn_table(rounds, true),
         other => {
             eprintln!(
-                "turns --profile-w1: {other:?} is not a variant (turn, turn-grow, per-chat, \
+                "turns --profile-w1: {other:?} is not a variant (turn, turn-prepared, per-chat, \
                  one-map, floor, \
                  floor-no-lease, floor-no-history, floor-map-token)"
             );

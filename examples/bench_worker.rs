@@ -55,11 +55,11 @@
 //! TTL `--ttl-ms`; any number of processes share its turns. `--backend memory`: a
 //! [`MemoryCoordinator`], whose turns exist only inside one process, so it requires
 //! `--replicas 1` (run several workers with `--threads` instead); anything else is
-//! refused rather than measured as if the processes excluded each other. Before
-//! `READY` its table is prepared for the chats the workload touches
+//! refused rather than measured as if the processes excluded each other. Its table
+//! grows as it goes, as `MemoryCoordinator::new()`'s does; `--chat-capacity auto`
+//! prepares it before `READY` for the chats the workload touches
 //! (`MemoryCoordinator::with_chat_capacity`, as a bot that knows its chat count would
-//! configure `chatCapacity`); `--chat-capacity 0` measures a table that grows as it
-//! goes. Redis is still
+//! configure `chatCapacity`). Redis is still
 //! used for the critical section with `--cs redis` (and for W3's sequence).
 //! `--backend contract-floor`: no botmesh turn at all, but the bench's contract floor
 //! (`examples/common/floor.rs`: the least state the turn's contract keeps for an
@@ -111,7 +111,8 @@ usage: bench_worker --workload W1|W2|W3 --out FILE [options]
                         --backend memory: chats the table is prepared for before
                         READY (MemoryCoordinator::with_chat_capacity); auto: the
                         chats the workload touches (W1 --keys, W2 --chats, W3 1);
-                        0: none, the table grows as it goes       (default auto)
+                        0: none, the table grows as it goes, as the library's
+                        default                                   (default 0)
   --out FILE            where the samples go (JSON, written atomically)
 
 Prints READY once connected, waits for the line GO on stdin, runs, writes FILE,
@@ -160,7 +161,9 @@ struct Options {
     port: u16,
     deadline_ms: u64,
     backend: Backend,
-    /// `--chat-capacity`: `None` is `auto`.
+    /// `--chat-capacity`: `None` is `auto`. Default 0, the library's default: a
+    /// prepared table's memory is also still in the cache of the core that prepared
+    /// it, which a bot's would not be (README, *Turn table, in process*).
     chat_capacity: Option<u64>,
     out: PathBuf,
 }
@@ -191,7 +194,7 @@ fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String> {
         port: 6379,
         deadline_ms: 600_000,
         backend: Backend::Redis,
-        chat_capacity: None,
+        chat_capacity: Some(0),
         out: PathBuf::new(),
     };
     let mut parser = lexopt::Parser::from_args(args);

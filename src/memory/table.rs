@@ -85,6 +85,15 @@ pub(crate) struct Shard {
     history: ChatMap<Past>,
     /// Size of `history` at which expired entries are dropped next.
     history_sweep_at: usize,
+    /// The earliest end of an entry in `history` (`None`: none there yet); removals
+    /// leave it as it is, so it is a lower bound. Before it nothing there has expired
+    /// and the scan is skipped: while chats arrive faster than an hour's history ends
+    /// (a new bot, a burst), the scans at each doubling would otherwise read the whole
+    /// map, a million chats' worth under the shard's lock, to drop nothing.
+    history_oldest: Option<u64>,
+    /// How many times `history` was scanned for expired entries, for the tests.
+    #[cfg(test)]
+    history_scans: usize,
     /// Conversation checkpoints by chat; kept apart from `chats` because they outlive
     /// an idle chat's history by far.
     checkpoints: HashMap<String, Checkpoint>,
@@ -381,17 +390,32 @@ impl Shard {
             return;
         }
         let (now, now_ns) = (env.now, env.now_ns);
-        let history = &mut self.history;
+        let (history, oldest) = (&mut self.history, &mut self.history_oldest);
         let idle = |c: &ChatState| c.is_idle() && !c.keeps_dedup(now, now_ns);
         self.chats.take_if(idle, |h, name, c| {
             if let Some(previous) = c.previous.filter(|_| c.idle_until >= now_ns) {
                 let until = c.idle_until;
+                *oldest = Some(oldest.map_or(until, |o| o.min(until)));
                 history.insert_new(h, name, Past { previous, until });
             }
         });
         self.sweep_at = (self.chats.len() * 2).max(ACTIVE_FLOOR);
         if self.history.len() >= self.history_sweep_at {
-            self.history.retain(|p| p.until >= now_ns);
+            if self.history_oldest.is_some_and(|o| o < now_ns) {
+                let mut left: Option<u64> = None;
+                self.history.retain(|p| {
+                    let keep = p.until >= now_ns;
+                    if keep {
+                        left = Some(left.map_or(p.until, |o| o.min(p.until)));
+                    }
+                    keep
+                });
+                self.history_oldest = left;
+                #[cfg(test)]
+                {
+                    self.history_scans += 1;
+                }
+            }
             self.history_sweep_at = (self.history.len() * 2).max(1024);
         }
     }

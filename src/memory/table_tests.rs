@@ -574,6 +574,43 @@ fn a_prepared_shard_remembers_its_chats_without_growing_or_inventing_holders() {
     assert_eq!(f.op(|s, env, _| s.view(env.now_ns, "")), None);
 }
 
+/// While nothing in the history can have ended, its growth past each doubling does
+/// not scan it; once something may have, the scan drops what ended and keeps the rest.
+#[test]
+fn the_history_is_scanned_only_once_an_entry_may_have_ended() {
+    let mut f = Fixture::new();
+    let cycle = |f: &mut Fixture, prefix: &str, n: u64, seq: u64| {
+        for i in 0..n {
+            let chat = format!("{prefix}{i}");
+            let g = granted(f.enqueue(&chat, &ticket("a", seq + i), None));
+            f.release(&chat, &g, None);
+        }
+    };
+    cycle(&mut f, "c", 5000, 0);
+    assert!(f.shard.history.len() > 4000, "{}", f.shard.history.len());
+    assert_eq!(f.shard.history_scans, 0, "nothing had ended: no scan");
+    // An hour later the first 5,000 have ended; the next doubling scans once.
+    f.clock.advance(Duration::from_secs(3601));
+    f.heartbeat("a");
+    cycle(&mut f, "n", 12_000, 100_000);
+    assert!(f.shard.history_scans >= 1);
+    let old = (0..5000)
+        .map(|i| format!("c{i}"))
+        .filter(|c| f.shard.history.get(f.shard.hasher.hash(c), c).is_some())
+        .count();
+    assert_eq!(old, 0, "the ended entries are dropped");
+    let scans = f.shard.history_scans;
+    // Nothing left has ended: more growth scans no more.
+    cycle(&mut f, "m", 30_000, 200_000);
+    assert_eq!(f.shard.history_scans, scans);
+    assert!(
+        f.shard
+            .history
+            .get(f.shard.hasher.hash("n7"), "n7")
+            .is_some()
+    );
+}
+
 /// Enqueues and releases `n` other chats: enough traffic for the shard to sweep.
 fn other_traffic(f: &mut Fixture, n: u64) {
     for i in 0..n {
