@@ -366,6 +366,45 @@ pub trait Coordinator: Send + Sync + 'static {
     /// [`BackendError`] when the backend cannot be reached; leases then expire by TTL.
     fn detach(&self, replica: &ReplicaId, held: &[HeldLease<'_>]) -> Result<(), BackendError>;
 
+    /// [`attach`](Self::attach) naming the replica's *incarnation*: a number that tells
+    /// this run of the id from an earlier or later one (a [`Replica`](crate::Replica)
+    /// gives its first ticket's sequence number, from the wall clock). A backend that
+    /// keeps it can then refuse a stale run's [`detach_incarnation`](Self::detach_incarnation);
+    /// the default forgets it and attaches.
+    ///
+    /// # Errors
+    /// As [`attach`](Self::attach).
+    fn attach_incarnation(
+        &self,
+        replica: &ReplicaId,
+        incarnation: u64,
+        sink: GrantSink,
+    ) -> Result<(), BackendError> {
+        let _ = incarnation;
+        self.attach(replica, sink)
+    }
+
+    /// [`detach`](Self::detach) by the incarnation that
+    /// [`attach_incarnation`](Self::attach_incarnation) named. When a later
+    /// incarnation of the id is attached (the caller stalled past its liveness, and a
+    /// new run took the id over), a backend that keeps incarnations releases only the
+    /// leases in `held` that are still the caller's (by their fencing tokens) and
+    /// leaves the later run attached, its turns and tickets untouched: a stale stop
+    /// must not free another run's turns. The default detaches the id, as
+    /// [`detach`](Self::detach) does.
+    ///
+    /// # Errors
+    /// As [`detach`](Self::detach).
+    fn detach_incarnation(
+        &self,
+        replica: &ReplicaId,
+        incarnation: u64,
+        held: &[HeldLease<'_>],
+    ) -> Result<(), BackendError> {
+        let _ = incarnation;
+        self.detach(replica, held)
+    }
+
     /// Places a ticket in its chat's queue (see the protocol above, rule 1).
     ///
     /// # Errors

@@ -113,6 +113,9 @@ pub struct MemoryCoordinator {
 
 struct ReplicaEntry {
     sink: GrantSink,
+    /// The run of the id that attached (`attach_incarnation`; `None` from a plain
+    /// `attach`): a detach by another run is a stale one and leaves this entry be.
+    incarnation: Option<u64>,
     /// Until when the replica counts as alive, in ns since the coordinator's `base`:
     /// an atomic, so that every enqueue can push it forward (as Redis refreshes the
     /// replica's field in the chat) under the read lock alone.
@@ -278,6 +281,52 @@ impl MemoryCoordinator {
     /// renewal thread is needed.
     pub(crate) fn local() -> Self {
         Self::with_settings(FOREVER, DEFAULT_DEDUP_WINDOW)
+    }
+
+    /// Attaches `replica`'s run `incarnation` (see `Coordinator::attach_incarnation`).
+    fn attach_run(
+        &self,
+        replica: &ReplicaId,
+        incarnation: Option<u64>,
+        sink: GrantSink,
+    ) -> Result<(), BackendError> {
+        let now = self.clock.now();
+        let mut replicas = self.replicas.write();
+        let present = |r: &Arc<ReplicaEntry>| self.present_until(r) >= self.ns(now);
+        if replicas.get(replica).is_some_and(present) {
+            // Two live replicas with one id would take each other's grants, and a
+            // crashed one may still hold leases.
+            return Err(BackendError::new(format!(
+                "replica id {replica:?} is already in use (by a live replica, or by one that \
+                 crashed less than 1.25 lease TTLs ago)"
+            )));
+        }
+        let entry = ReplicaEntry {
+            sink,
+            incarnation,
+            alive_until: AtomicU64::new(self.ns(now + self.ttl)),
+        };
+        replicas.insert(replica.clone(), Arc::new(entry));
+        // A shard may cache an earlier entry of this id (see `ShardCell::callers`).
+        self.replicas_gen.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// A clean stop of `replica`: its entry goes, and every chat it held or waited
+    /// for moves on.
+    fn detach_all(&self, replica: &ReplicaId) {
+        {
+            let mut replicas = self.replicas.write();
+            replicas.remove(replica);
+            self.replicas_gen.fetch_add(1, Ordering::Release);
+        }
+        let mut pushes = ChatPushes::new();
+        self.with_env(self.clock.now(), None, |env| {
+            for shard in self.shards.iter() {
+                shard.lock().table.detach(env, replica, &mut pushes);
+            }
+        });
+        self.push_chats(pushes);
     }
 
     /// How many chats currently have state (a holder or waiters): 0 when all are idle.
@@ -530,40 +579,51 @@ impl Coordinator for MemoryCoordinator {
     }
 
     fn attach(&self, replica: &ReplicaId, sink: GrantSink) -> Result<(), BackendError> {
-        let now = self.clock.now();
-        let mut replicas = self.replicas.write();
-        let present = |r: &Arc<ReplicaEntry>| self.present_until(r) >= self.ns(now);
-        if replicas.get(replica).is_some_and(present) {
-            // Two live replicas with one id would take each other's grants, and a
-            // crashed one may still hold leases.
-            return Err(BackendError::new(format!(
-                "replica id {replica:?} is already in use (by a live replica, or by one that \
-                 crashed less than 1.25 lease TTLs ago)"
-            )));
-        }
-        let entry = ReplicaEntry {
-            sink,
-            alive_until: AtomicU64::new(self.ns(now + self.ttl)),
-        };
-        replicas.insert(replica.clone(), Arc::new(entry));
-        // A shard may cache an earlier entry of this id (see `ShardCell::callers`).
-        self.replicas_gen.fetch_add(1, Ordering::Release);
-        Ok(())
+        self.attach_run(replica, None, sink)
+    }
+
+    fn attach_incarnation(
+        &self,
+        replica: &ReplicaId,
+        incarnation: u64,
+        sink: GrantSink,
+    ) -> Result<(), BackendError> {
+        self.attach_run(replica, Some(incarnation), sink)
     }
 
     fn detach(&self, replica: &ReplicaId, _held: &[HeldLease<'_>]) -> Result<(), BackendError> {
-        {
-            let mut replicas = self.replicas.write();
-            replicas.remove(replica);
-            self.replicas_gen.fetch_add(1, Ordering::Release);
+        self.detach_all(replica);
+        Ok(())
+    }
+
+    fn detach_incarnation(
+        &self,
+        replica: &ReplicaId,
+        incarnation: u64,
+        held: &[HeldLease<'_>],
+    ) -> Result<(), BackendError> {
+        let later = self
+            .replicas
+            .read()
+            .get(replica)
+            .and_then(|e| e.incarnation)
+            .is_some_and(|attached| attached != incarnation);
+        if !later {
+            self.detach_all(replica);
+            return Ok(());
         }
-        let mut pushes = ChatPushes::new();
-        self.with_env(self.clock.now(), None, |env| {
-            for shard in self.shards.iter() {
-                shard.lock().table.detach(env, replica, &mut pushes);
-            }
-        });
-        self.push_chats(pushes);
+        // A stale run (it stalled past its liveness and a later run took the id
+        // over): its own leases, still held under their tokens, are given up; the
+        // later run's turns and tickets share the id and stay.
+        log::warn!(
+            target: "botmesh::memory",
+            "replica {replica:?}: a stop of an earlier run (incarnation {incarnation}) \
+             after a later run attached; releasing only its {} lease(s)",
+            held.len()
+        );
+        for lease in held {
+            self.release(lease, None)?;
+        }
         Ok(())
     }
 

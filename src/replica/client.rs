@@ -106,7 +106,9 @@ pub(crate) struct Inner {
     seq: AtomicU64,
     /// The first sequence number of this incarnation: tickets below it are a dead
     /// predecessor's with the same id (a restarted process), whose grants nobody here
-    /// waits for and which are released at once.
+    /// waits for and which are released at once. Also the incarnation named to the
+    /// backend at attach and detach, so that a stale run's stop cannot detach a later
+    /// run of the id.
     pub(super) first_seq: u64,
     /// `RUNNING`, `STOPPING` (no new tickets) or `ABORTED` (a simulated crash).
     state: AtomicU8,
@@ -198,7 +200,9 @@ impl Inner {
                 inner.deliver_pushed(chat, grant);
             }
         });
-        inner.coordinator.attach(&inner.id, sink)?;
+        inner
+            .coordinator
+            .attach_incarnation(&inner.id, inner.first_seq, sink)?;
         Ok(inner)
     }
 
@@ -322,7 +326,10 @@ impl Inner {
             return;
         }
         let leases: Vec<_> = held.iter().map(|s| s.lease()).collect();
-        if let Err(e) = self.coordinator.detach(&self.id, &leases) {
+        let detached = self
+            .coordinator
+            .detach_incarnation(&self.id, self.first_seq, &leases);
+        if let Err(e) = detached {
             log::warn!(target: "botmesh::replica", "detach of replica {} failed: {e}", self.id);
         }
     }

@@ -53,6 +53,23 @@ struct Hooked {
 
 type HeldPushes = Arc<Mutex<Option<Vec<(String, Grant, GrantSink)>>>>;
 
+impl Hooked {
+    /// `sink`, keeping its pushes in `held_pushes` while that is set.
+    fn wrap(&self, sink: GrantSink) -> GrantSink {
+        let held = self.held_pushes.clone();
+        Arc::new(move |chat: &str, grant: Grant| {
+            let mut kept = held.lock();
+            match kept.as_mut() {
+                Some(list) => list.push((chat.to_owned(), grant, sink.clone())),
+                None => {
+                    drop(kept);
+                    sink(chat, grant);
+                }
+            }
+        })
+    }
+}
+
 impl Coordinator for Hooked {
     fn backend(&self) -> &'static str {
         "hooked memory"
@@ -61,19 +78,24 @@ impl Coordinator for Hooked {
         self.inner.lease_ttl()
     }
     fn attach(&self, replica: &ReplicaId, sink: GrantSink) -> Result<(), BackendError> {
-        let held = self.held_pushes.clone();
-        let forward = sink.clone();
-        let wrapped: GrantSink = Arc::new(move |chat: &str, grant: Grant| {
-            let mut held = held.lock();
-            match held.as_mut() {
-                Some(list) => list.push((chat.to_owned(), grant, forward.clone())),
-                None => {
-                    drop(held);
-                    forward(chat, grant);
-                }
-            }
-        });
-        self.inner.attach(replica, wrapped)
+        self.inner.attach(replica, self.wrap(sink))
+    }
+    fn attach_incarnation(
+        &self,
+        replica: &ReplicaId,
+        incarnation: u64,
+        sink: GrantSink,
+    ) -> Result<(), BackendError> {
+        self.inner
+            .attach_incarnation(replica, incarnation, self.wrap(sink))
+    }
+    fn detach_incarnation(
+        &self,
+        replica: &ReplicaId,
+        incarnation: u64,
+        held: &[HeldLease<'_>],
+    ) -> Result<(), BackendError> {
+        self.inner.detach_incarnation(replica, incarnation, held)
     }
     fn detach(&self, replica: &ReplicaId, held: &[HeldLease<'_>]) -> Result<(), BackendError> {
         self.inner.detach(replica, held)
@@ -254,6 +276,43 @@ fn turn(rx: &Receiver<Ended>) -> Turn {
 fn tick(r: &Arc<Inner>) {
     let mut last_ok = r.now();
     r.renew_once(&mut last_ok);
+}
+
+/// A replica that stalled past its liveness (1.25 TTLs without a renewal) while a
+/// later run of its id took the id over, then stops cleanly: its stop gives up its
+/// own lease and leaves the later run holding its turn. It used to detach the id,
+/// freeing the later run's turns while that run still acted on them: two holders of
+/// one chat (a breaker's find, session 13).
+#[test]
+fn a_stale_runs_stop_leaves_the_later_run_of_its_id_holding_its_turns() {
+    let w = World::new();
+    let old = w.replica("r");
+    let x = w.replica("x");
+    let old_turn = turn(&take(&old, "a", None));
+    // The old run stalls: x renews, it does not, for 13 s (past 1.25 x the 10 s TTL).
+    for _ in 0..13 {
+        w.clock.advance(Duration::from_secs(1));
+        tick(&x);
+    }
+    let new = w.replica("r");
+    assert_ne!(new.first_seq, old.first_seq, "two runs, two incarnations");
+    let new_turn = turn(&take(&new, "b", None));
+    // The stale run wakes up and stops cleanly.
+    old.finish_stop(false);
+    assert!(old_turn.is_lost());
+    let waits = take(&x, "b", None);
+    assert!(
+        waits.try_recv().is_err(),
+        "x must wait for b: the later run still holds it"
+    );
+    assert!(!new_turn.is_lost());
+    turn(&take(&x, "a", None)).release().expect("a is free");
+    new_turn.release().expect("the later run still held b");
+    turn(&waits).release().expect("x gets b after it");
+    // The later run is still attached: its next turn is granted as usual.
+    turn(&take(&new, "c", None))
+        .release()
+        .expect("still attached");
 }
 
 /// The re-check's snapshot of waiting tickets is older than its answer: a ticket
