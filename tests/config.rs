@@ -485,7 +485,7 @@ fn negative_number() {
     );
     json_err(
         &with_memory(r#""settleMs": -2.0"#),
-        &["settleMs: -2 is negative"],
+        &["settleMs: -2.0 is negative"],
     );
 }
 
@@ -1446,6 +1446,23 @@ fn chat_capacity_is_read_checked_and_defaulted() {
     json_err(
         r#"{"coordinator": {"memory": {"chatCapacity": -1}}}"#,
         &["coordinator.memory.chatCapacity", "-1"],
+    );
+    json_err(
+        r#"{"coordinator": {"memory": {"chatCapacity": 100000.0}}}"#,
+        &[
+            "coordinator.memory.chatCapacity: 100000.0 is a number",
+            "whole number",
+        ],
+    );
+    let refused = botmesh::MemoryCoordinator::new()
+        .try_with_chat_capacity(botmesh::MAX_CHAT_CAPACITY + 1)
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|e| e.contains("16777217 is out of range")),
+        "{refused:?}"
     );
     json_err(
         r#"{"coordinator": {"memory": {"chatCapacity": "50000"}}}"#,

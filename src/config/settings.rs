@@ -319,8 +319,10 @@ impl CoordinationConfig {
     /// `turnWaitMs` is zero; any duration is over [`Self::MAX_DURATION`]; the memory or
     /// Redis coordinator's `leaseTtlMs` is under [`MemoryOptions::MIN_LEASE_TTL`]; the
     /// Redis coordinator's `url` is not a Redis URL (the message never shows the URL),
-    /// its `keyPrefix` is empty or holds a brace, or its `commandTimeoutMs` is under
-    /// 1 ms.
+    /// its `keyPrefix` is empty or holds a brace, its `commandTimeoutMs` is under
+    /// 1 ms, or its `waitReplicas` is over 100; either coordinator's `dedupIds` is 0
+    /// or over [`MAX_DEDUP_IDS`](crate::MAX_DEDUP_IDS); the memory coordinator's
+    /// `chatCapacity` is over [`MAX_CHAT_CAPACITY`](crate::MAX_CHAT_CAPACITY).
     pub fn validate(&self) -> Result<(), ConfigError> {
         duration::check_set::<TurnWait>("turnWaitMs", self.turn_wait)?;
         duration::check_set::<Any>("settleMs", self.settle)?;
@@ -473,7 +475,10 @@ impl CoordinatorConfig {
             CoordinatorConfig::Memory(options) => Ok(Arc::new(
                 crate::MemoryCoordinator::with_settings(options.lease_ttl, options.dedup_window)
                     .with_dedup_ids(options.dedup_ids)
-                    .with_chat_capacity(options.chat_capacity),
+                    .try_chat_capacity_as(
+                        "coordinator.memory.chatCapacity",
+                        options.chat_capacity,
+                    )?,
             )),
             #[cfg(feature = "redis")]
             CoordinatorConfig::Redis(options) => Ok(Arc::new(

@@ -33,7 +33,9 @@ impl Raw {
             Raw::Float(v) if *v != 0.0 && !(1e-6..1e16).contains(&v.abs()) => {
                 (format!("{v:e}"), "is a number")
             }
-            Raw::Float(v) => (v.to_string(), "is a number"),
+            // `{:?}` keeps the point of a whole float (`100000.0`), so a message about
+            // a whole number does not seem to refuse one.
+            Raw::Float(v) => (format!("{v:?}"), "is a number"),
             Raw::Other(shown, kind) => (shown.clone(), kind),
         }
     }

@@ -141,11 +141,19 @@ impl<V> ChatMap<V> {
     ///
     /// Room reserved but never written is no help: the allocator hands out fresh pages
     /// untouched, and the kernel maps each on its first write.
-    pub(crate) fn reserve_touched(&mut self, n: usize, filler: impl Fn() -> V) {
+    ///
+    /// # Errors
+    /// When the room's size overflows or the allocator refuses it (a memory limit);
+    /// the map is then as it was.
+    pub(crate) fn reserve_touched(
+        &mut self,
+        n: usize,
+        filler: impl Fn() -> V,
+    ) -> Result<(), hashbrown::TryReserveError> {
         self.table
-            .reserve(n.saturating_sub(self.table.len()), rehash);
+            .try_reserve(n.saturating_sub(self.table.len()), rehash)?;
         if !self.table.is_empty() {
-            return; // only a new map is prepared: the placeholders go by `clear`
+            return Ok(()); // only a new map is prepared: the placeholders go by `clear`
         }
         let room = self.table.capacity();
         for i in 0..room as u64 {
@@ -161,6 +169,7 @@ impl<V> ChatMap<V> {
         }
         // Keeps the room (hashbrown's `clear` never shrinks).
         self.table.clear();
+        Ok(())
     }
 
     /// How many entries fit before the map grows.
@@ -204,7 +213,7 @@ mod tests {
     fn reserved_room_holds_that_many_entries_without_growing() {
         let hasher = ChatHasher::default();
         let mut a: ChatMap<u32> = ChatMap::default();
-        a.reserve_touched(1000, || 7);
+        a.reserve_touched(1000, || 7).expect("room for 1000");
         let room = a.capacity();
         assert!(room >= 1000, "{room}");
         assert_eq!(a.len(), 0, "the placeholders are gone");
@@ -220,7 +229,10 @@ mod tests {
             assert_eq!(a.get(hasher.hash(&name), &name), Some(&i));
         }
         // A map in use only grows to the room; what it holds stays.
-        a.reserve_touched(room * 4, || 0);
+        a.reserve_touched(room * 4, || 0).expect("room");
+        // A room too large for the address space is refused, and the map stays.
+        assert!(a.reserve_touched(usize::MAX, || 0).is_err());
+        assert_eq!(a.len(), room);
         assert!(a.capacity() >= room * 4);
         assert_eq!(a.len(), room);
         assert_eq!(a.get(hasher.hash("chat-1"), "chat-1"), Some(&1));

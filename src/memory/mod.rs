@@ -40,32 +40,19 @@ use crate::coordinator::{
     stored_name,
 };
 
+mod capacity;
 mod chat_map;
 mod dedup;
 mod table;
+
+pub use capacity::MAX_CHAT_CAPACITY;
+pub(crate) use capacity::check_chat_capacity;
 
 use table::{ChatPushes, Env, FOREVER, Pushes, Shard};
 
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 const SHARDS: usize = 32;
-
-/// The most chats [`MemoryCoordinator::with_chat_capacity`] prepares for (2^24, about
-/// 16.8 million: some 1.3 GB at about 80 bytes a chat); a larger number is clamped to
-/// it, and `CoordinationConfig` refuses it naming `chatCapacity`. Past this size a
-/// table still grows as needed.
-pub const MAX_CHAT_CAPACITY: usize = 1 << 24;
-
-/// Checks a configured `chatCapacity` (`field` names it in the error).
-pub(crate) fn check_chat_capacity(field: &str, n: usize) -> Result<(), String> {
-    if n > MAX_CHAT_CAPACITY {
-        return Err(format!(
-            "{field}: {n} is out of range; expected a number of chats from 0 (grow as \
-             needed) to {MAX_CHAT_CAPACITY}"
-        ));
-    }
-    Ok(())
-}
 
 /// The in-process backend: one process, any number of replicas (threads).
 ///
@@ -238,42 +225,6 @@ impl MemoryCoordinator {
     #[must_use]
     pub fn with_dedup_ids(mut self, n: usize) -> Self {
         self.dedup_ids = n.clamp(1, MAX_DEDUP_IDS);
-        self
-    }
-
-    /// Prepares the table for `chats` chats: room for each one's last holder (all an
-    /// idle chat leaves, for an hour, so that its next grant can name it) is reserved
-    /// and written once, now,
-    /// instead of growing while turns are taken. Like `HashMap::with_capacity`, but
-    /// the memory is also mapped: the first touch of a fresh page is a page fault, and
-    /// a growing map rehashes under its shard's lock, both on the turn that needs the
-    /// room; with a million chats one such growth holds a shard for milliseconds.
-    ///
-    /// Costs about 80 bytes per chat at once (and a few milliseconds per 100,000
-    /// chats, here, when called). The room is split evenly over the table's shards,
-    /// with a margin for uneven hashing (4 standard deviations); a table still grows
-    /// past it when needed. 0, the default, reserves nothing. Clamped to
-    /// [`MAX_CHAT_CAPACITY`]; `CoordinationConfig` refuses a larger value instead,
-    /// naming `chatCapacity`. Call it on a new coordinator: on one in use it only
-    /// reserves.
-    ///
-    /// ```
-    /// use botmesh::MemoryCoordinator;
-    ///
-    /// // A bot with about 50,000 chats: no growth on their first turns.
-    /// let coordinator = MemoryCoordinator::new().with_chat_capacity(50_000);
-    /// # drop(coordinator);
-    /// ```
-    #[must_use]
-    pub fn with_chat_capacity(self, chats: usize) -> Self {
-        let chats = chats.min(MAX_CHAT_CAPACITY);
-        if chats > 0 {
-            let mean = chats.div_ceil(SHARDS);
-            let per_shard = mean + 4 * mean.isqrt() + 8;
-            for shard in self.shards.iter() {
-                shard.lock().table.reserve(per_shard);
-            }
-        }
         self
     }
 

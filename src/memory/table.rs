@@ -326,7 +326,10 @@ impl Shard {
     /// [`ACTIVE_FLOOR`] active ones (a sweep starts at `ACTIVE_FLOOR`; the margin
     /// leaves room for the tombstones its removals leave), both written once so that
     /// their memory is mapped.
-    pub(crate) fn reserve(&mut self, chats: usize) {
+    ///
+    /// # Errors
+    /// When the allocator refuses the room; what was reserved stays.
+    pub(crate) fn reserve(&mut self, chats: usize) -> Result<(), hashbrown::TryReserveError> {
         let nobody: ReplicaId = ReplicaId::from("");
         let past = || Past {
             previous: Previous {
@@ -335,14 +338,14 @@ impl Shard {
             },
             until: 0,
         };
-        self.history.reserve_touched(chats, past);
+        self.history.reserve_touched(chats, past)?;
         let free = || ChatState {
             holder: None,
             previous: None,
             idle_until: 0,
             extra: None,
         };
-        self.chats.reserve_touched(2 * ACTIVE_FLOOR, free);
+        self.chats.reserve_touched(2 * ACTIVE_FLOOR, free)
     }
 
     /// How many idle chats' last holders fit before `history` grows.

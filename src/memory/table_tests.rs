@@ -543,7 +543,7 @@ fn idle_chats_leave_the_active_map_and_keep_their_last_holder_for_the_history() 
 #[test]
 fn a_prepared_shard_remembers_its_chats_without_growing_or_inventing_holders() {
     let mut f = Fixture::new();
-    f.shard.reserve(1000);
+    f.shard.reserve(1000).expect("room for 1000");
     let room = f.shard.history_capacity();
     assert!(room >= 1000, "{room}");
     assert_eq!(f.shard.history.len(), 0);
