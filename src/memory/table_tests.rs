@@ -496,19 +496,7 @@ fn idle_chats_leave_the_active_map_and_keep_their_last_holder_for_the_history() 
         previous
     });
     assert_eq!(previous.map(|p| p.token), Some(first[7].token));
-    for (i, g) in first.iter().enumerate() {
-        let chat = format!("c{i}");
-        let again = granted(f.enqueue(&chat, &ticket("b", 10 + i as u64), None));
-        let expected = Previous {
-            replica: Arc::from("a"),
-            token: g.token,
-        };
-        assert_eq!(again.previous, Some(expected), "{chat}");
-        assert_eq!(
-            f.release(&chat, &again, None),
-            Released::Released { next: None }
-        );
-    }
+    retake_naming_a(&mut f, &first, 10);
     // Past the history they are forgotten, and dropped from memory as new chats come.
     f.clock.advance(Duration::from_secs(3601));
     f.heartbeat("a");
@@ -560,16 +548,7 @@ fn a_prepared_shard_remembers_its_chats_without_growing_or_inventing_holders() {
         first.push(g);
     }
     assert_eq!(f.shard.history_capacity(), room, "no growth");
-    for (i, g) in first.iter().enumerate() {
-        let chat = format!("c{i}");
-        let again = granted(f.enqueue(&chat, &ticket("b", 10_000 + i as u64), None));
-        let expected = Previous {
-            replica: Arc::from("a"),
-            token: g.token,
-        };
-        assert_eq!(again.previous, Some(expected), "{chat}");
-        f.release(&chat, &again, None);
-    }
+    retake_naming_a(&mut f, &first, 10_000);
     // A name the placeholders had (the empty one) is a chat like any other.
     assert_eq!(f.op(|s, env, _| s.view(env.now_ns, "")), None);
 }
@@ -609,6 +588,24 @@ fn the_history_is_scanned_only_once_an_entry_may_have_ended() {
             .get(f.shard.hasher.hash("n7"), "n7")
             .is_some()
     );
+}
+
+/// Takes every chat `c{i}` again for replica b (ticket numbers from `seq`), each
+/// grant naming a's turn `first[i]` as the previous one, and releases it.
+fn retake_naming_a(f: &mut Fixture, first: &[Grant], seq: u64) {
+    for (i, g) in first.iter().enumerate() {
+        let chat = format!("c{i}");
+        let again = granted(f.enqueue(&chat, &ticket("b", seq + i as u64), None));
+        let expected = Previous {
+            replica: Arc::from("a"),
+            token: g.token,
+        };
+        assert_eq!(again.previous, Some(expected), "{chat}");
+        assert_eq!(
+            f.release(&chat, &again, None),
+            Released::Released { next: None }
+        );
+    }
 }
 
 /// Enqueues and releases `n` other chats: enough traffic for the shard to sweep.
