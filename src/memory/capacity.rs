@@ -37,8 +37,9 @@ impl MemoryCoordinator {
     /// uneven hashing) up to a power of two, so 75 to 150 bytes per chat asked for
     /// (about 130 MB for a million, 2.1 GB at [`MAX_CHAT_CAPACITY`]); a chat name over
     /// 24 bytes costs its length again on the heap when the chat arrives. The call
-    /// takes 5–10 ms per 100,000 chats here, 0.1–0.3 s per million. Every coordinator
-    /// built from a `{"memory": …}` config spec reserves its own: share one
+    /// takes 5–30 ms per 100,000 chats here, 0.07–0.3 s per million and 2.5–5 s at
+    /// the maximum. Every coordinator built from a `{"memory": …}` config spec
+    /// reserves its own: share one
     /// (`CoordinationConfig::shared`) rather than multiply it. A table still grows
     /// past its room when needed. 0, the default, reserves nothing.
     ///

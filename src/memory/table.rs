@@ -359,6 +359,9 @@ impl Shard {
     pub(crate) fn view(&self, now_ns: u64, chat: &str) -> Option<ChatRow> {
         let h = self.hasher.hash(chat);
         match self.chats.get(h, chat) {
+            // An idle chat past its history shows nothing, as in `history` (where a
+            // sweep would have moved it) and as its next grant names nobody.
+            Some(c) if c.is_idle() && c.idle_until < now_ns => None,
             Some(c) => Some(row(chat, c, now_ns)),
             None => self
                 .history

@@ -687,6 +687,11 @@ fn an_idle_chat_remembers_its_last_holder_for_the_history_from_its_release() {
         f.later(2000, "a");
         assert_eq!(f.release("x", &g, None), Released::Lost);
         f.later(1601, "a");
+        // Inspection agrees with the next grant: nothing is left to show (a
+        // breaker's find, session 14: it named the holder while x was still in the
+        // active map).
+        let seen = f.op(|s, env, _| s.view(env.now_ns, "x"));
+        assert_eq!(seen, None, "sweep={sweep}");
         let after = granted(f.enqueue("x", &ticket("a", 2), None));
         assert_eq!(after.previous, None, "sweep={sweep}");
     }
