@@ -136,7 +136,8 @@ pub use coordinator::{
 pub use error::{CoordinationUnavailableError, Error, HandlerError, Reason};
 pub use flow::{Answer, Cancelled, Capture, Flow, State, StepContext};
 pub use intake::Intake;
-pub use memory::{MAX_CHAT_CAPACITY, MemoryCoordinator};
+pub use memory::MemoryCoordinator;
+pub use memory::capacity::MAX_CHAT_CAPACITY;
 pub use message::{
     MAX_CHAT_ID_BYTES, MAX_MESSAGE_ID_BYTES, MAX_REPLICA_ID_BYTES, Message, Outcome,
 };

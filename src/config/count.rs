@@ -45,7 +45,7 @@ pub(super) fn chat_capacity<'de, D: Deserializer<'de>>(d: D) -> Result<Option<us
         d,
         "chatCapacity",
         "a whole number of chats from 0 to 16777216, such as 50000",
-        crate::memory::check_chat_capacity,
+        crate::memory::capacity::check_chat_capacity,
     )
 }
 

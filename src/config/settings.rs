@@ -592,8 +592,11 @@ impl MemoryOptions {
         duration::check_set::<Any>(&format!("{prefix}dedupWindowMs"), self.dedup_window)?;
         crate::coordinator::check_dedup_ids(&format!("{prefix}dedupIds"), self.dedup_ids)
             .map_err(ConfigError::new)?;
-        crate::memory::check_chat_capacity(&format!("{prefix}chatCapacity"), self.chat_capacity)
-            .map_err(ConfigError::new)
+        crate::memory::capacity::check_chat_capacity(
+            &format!("{prefix}chatCapacity"),
+            self.chat_capacity,
+        )
+        .map_err(ConfigError::new)
     }
 }
 

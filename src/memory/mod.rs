@@ -40,13 +40,10 @@ use crate::coordinator::{
     stored_name,
 };
 
-mod capacity;
+pub(crate) mod capacity;
 mod chat_map;
 mod dedup;
 mod table;
-
-pub use capacity::MAX_CHAT_CAPACITY;
-pub(crate) use capacity::check_chat_capacity;
 
 use table::{ChatPushes, Env, FOREVER, Pushes, Shard};
 

@@ -106,9 +106,8 @@ pub(crate) struct Inner {
     seq: AtomicU64,
     /// The first sequence number of this incarnation: tickets below it are a dead
     /// predecessor's with the same id (a restarted process), whose grants nobody here
-    /// waits for and which are released at once. Also the incarnation named to the
-    /// backend at attach and detach, so that a stale run's stop cannot detach a later
-    /// run of the id.
+    /// waits for and which are released at once. Also the incarnation named at attach
+    /// and detach, so that a stale run's stop cannot detach a later run of the id.
     pub(super) first_seq: u64,
     /// `RUNNING`, `STOPPING` (no new tickets) or `ABORTED` (a simulated crash).
     state: AtomicU8,
@@ -200,9 +199,8 @@ impl Inner {
                 inner.deliver_pushed(chat, grant);
             }
         });
-        inner
-            .coordinator
-            .attach_incarnation(&inner.id, inner.first_seq, sink)?;
+        let run = inner.first_seq;
+        inner.coordinator.attach_incarnation(&inner.id, run, sink)?;
         Ok(inner)
     }
 
@@ -326,10 +324,8 @@ impl Inner {
             return;
         }
         let leases: Vec<_> = held.iter().map(|s| s.lease()).collect();
-        let detached = self
-            .coordinator
-            .detach_incarnation(&self.id, self.first_seq, &leases);
-        if let Err(e) = detached {
+        let (id, run) = (&self.id, self.first_seq);
+        if let Err(e) = self.coordinator.detach_incarnation(id, run, &leases) {
             log::warn!(target: "botmesh::replica", "detach of replica {} failed: {e}", self.id);
         }
     }
