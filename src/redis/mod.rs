@@ -65,6 +65,9 @@ pub(crate) use url::{check_parses, read_env};
 struct Subscriber {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// The run of the replica id it listens for (`attach_incarnation`; `None` from a
+    /// plain `attach`): a stop by an earlier run of the id leaves it listening.
+    incarnation: Option<u64>,
 }
 
 /// The Redis backend: standalone Redis or Valkey 7+, a Redis Cluster, or a primary
@@ -282,16 +285,115 @@ impl RedisCoordinator {
         !self.options.dedup_window.is_zero()
     }
 
-    fn stop_subscriber(&self, replica: &ReplicaId) {
-        let sub = self.subscribers.lock().remove(replica);
-        if let Some(mut sub) = sub {
-            sub.stop.store(true, Ordering::Release);
-            if let Some(t) = sub.thread.take()
-                && t.join().is_err()
-            {
-                log::error!(target: "botmesh::redis", "the subscriber thread panicked");
+    /// Attaches `replica`'s run `incarnation`: its wake-up subscriber (replacing an
+    /// earlier run's) is live on return.
+    fn attach_run(
+        &self,
+        replica: &ReplicaId,
+        incarnation: Option<u64>,
+        sink: GrantSink,
+    ) -> Result<(), BackendError> {
+        // The same check as every call's: the wake-ups name the replica too.
+        check_replica_id(replica)?;
+        self.stop_subscriber(replica);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
+        let channel = format!("{}{}", self.wake_prefix(), replica);
+        let listen = subscriber::Listen {
+            target: self.target.clone(),
+            start: subscriber::start_for(replica),
+            channel,
+            sink,
+            stop: stop.clone(),
+            ready: ready_tx,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("botmesh-sub-{replica}"))
+            .spawn(move || subscriber::subscriber_loop(listen))
+            .map_err(|e| BackendError::new(format!("cannot spawn the subscriber thread: {e}")))?;
+        let sub = Subscriber {
+            stop,
+            thread: Some(thread),
+            incarnation,
+        };
+        self.subscribers.lock().insert(replica.clone(), sub);
+        // Grants can only be pushed once the subscription is live.
+        if ready_rx
+            .recv_timeout((self.options.command_timeout * 2).max(Duration::from_secs(2)))
+            .is_err()
+        {
+            self.stop_subscriber(replica);
+            return Err(BackendError::new(format!(
+                "redis at {}: could not subscribe to the wake channel",
+                self.target.label
+            )));
+        }
+        Ok(())
+    }
+
+    /// A clean stop of `replica`'s run `incarnation` (`None`: whichever listens):
+    /// releases `held` by their tokens, and stops the id's subscriber unless a later
+    /// run of the id attached it (see `Coordinator::detach_incarnation`).
+    fn detach_run(
+        &self,
+        replica: &ReplicaId,
+        incarnation: Option<u64>,
+        held: &[HeldLease<'_>],
+    ) -> Result<(), BackendError> {
+        let mut result = Ok(());
+        for lease in held {
+            match self.release(lease, None) {
+                Ok(Released::Released { next: Some(g) }) => {
+                    // Our own next ticket: nobody will take it now; release it too.
+                    let t = g.ticket.clone();
+                    let again = HeldLease {
+                        chat: lease.chat,
+                        ticket: &t,
+                        token: g.token,
+                    };
+                    let _ = self.release(&again, None);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    // Redis is unreachable: the rest would time out one by one. Their
+                    // leases lapse within the TTL instead.
+                    result = Err(e);
+                    break;
+                }
             }
         }
+        // Checked and taken under one lock: a later run attaching meanwhile keeps its.
+        let ours = {
+            let mut subscribers = self.subscribers.lock();
+            let listening = subscribers.get(replica).and_then(|s| s.incarnation);
+            let later = incarnation.is_some_and(|run| listening.is_some_and(|l| l != run));
+            if later {
+                None
+            } else {
+                subscribers.remove(replica)
+            }
+        };
+        if let Some(sub) = ours {
+            end_subscriber(sub);
+        }
+        result
+    }
+
+    fn stop_subscriber(&self, replica: &ReplicaId) {
+        let sub = self.subscribers.lock().remove(replica);
+        if let Some(sub) = sub {
+            end_subscriber(sub);
+        }
+    }
+}
+
+/// Stops a subscriber taken out of the map and waits for its thread.
+fn end_subscriber(mut sub: Subscriber) {
+    sub.stop.store(true, Ordering::Release);
+    if let Some(t) = sub.thread.take()
+        && t.join().is_err()
+    {
+        log::error!(target: "botmesh::redis", "the subscriber thread panicked");
     }
 }
 
@@ -383,68 +485,29 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn attach(&self, replica: &ReplicaId, sink: GrantSink) -> Result<(), BackendError> {
-        // The same check as every call's: the wake-ups name the replica too.
-        check_replica_id(replica)?;
-        self.stop_subscriber(replica);
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
-        let channel = format!("{}{}", self.wake_prefix(), replica);
-        let listen = subscriber::Listen {
-            target: self.target.clone(),
-            start: subscriber::start_for(replica),
-            channel,
-            sink,
-            stop: stop.clone(),
-            ready: ready_tx,
-        };
-        let thread = std::thread::Builder::new()
-            .name(format!("botmesh-sub-{replica}"))
-            .spawn(move || subscriber::subscriber_loop(listen))
-            .map_err(|e| BackendError::new(format!("cannot spawn the subscriber thread: {e}")))?;
-        let sub = Subscriber {
-            stop,
-            thread: Some(thread),
-        };
-        self.subscribers.lock().insert(replica.clone(), sub);
-        // Grants can only be pushed once the subscription is live.
-        if ready_rx
-            .recv_timeout((self.options.command_timeout * 2).max(Duration::from_secs(2)))
-            .is_err()
-        {
-            self.stop_subscriber(replica);
-            return Err(BackendError::new(format!(
-                "redis at {}: could not subscribe to the wake channel",
-                self.target.label
-            )));
-        }
-        Ok(())
+        self.attach_run(replica, None, sink)
+    }
+
+    fn attach_incarnation(
+        &self,
+        replica: &ReplicaId,
+        incarnation: u64,
+        sink: GrantSink,
+    ) -> Result<(), BackendError> {
+        self.attach_run(replica, Some(incarnation), sink)
     }
 
     fn detach(&self, replica: &ReplicaId, held: &[HeldLease<'_>]) -> Result<(), BackendError> {
-        let mut result = Ok(());
-        for lease in held {
-            match self.release(lease, None) {
-                Ok(Released::Released { next: Some(g) }) => {
-                    // Our own next ticket: nobody will take it now; release it too.
-                    let t = g.ticket.clone();
-                    let again = HeldLease {
-                        chat: lease.chat,
-                        ticket: &t,
-                        token: g.token,
-                    };
-                    let _ = self.release(&again, None);
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    // Redis is unreachable: the rest would time out one by one. Their
-                    // leases lapse within the TTL instead.
-                    result = Err(e);
-                    break;
-                }
-            }
-        }
-        self.stop_subscriber(replica);
-        result
+        self.detach_run(replica, None, held)
+    }
+
+    fn detach_incarnation(
+        &self,
+        replica: &ReplicaId,
+        incarnation: u64,
+        held: &[HeldLease<'_>],
+    ) -> Result<(), BackendError> {
+        self.detach_run(replica, Some(incarnation), held)
     }
 
     fn enqueue(&self, req: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError> {
