@@ -43,6 +43,7 @@ use crate::coordinator::{
 pub(crate) mod capacity;
 mod chat_map;
 mod dedup;
+mod membership;
 mod table;
 
 use table::{ChatPushes, Env, FOREVER, Pushes, Shard};
@@ -81,6 +82,9 @@ pub struct MemoryCoordinator {
     /// Attached replicas: where their grants are pushed, and until when they live.
     /// Each entry is shared with the shards' caches (see [`ShardCell::callers`]).
     replicas: RwLock<HashMap<ReplicaId, Arc<ReplicaEntry>>>,
+    /// Held through every attach and detach, so that a stale run's stop and a later
+    /// run's attach of the same id never interleave (a breaker's find, session 14).
+    membership: Mutex<()>,
     /// Bumped (under the write lock of `replicas`) by every attach and detach: a
     /// shard's cache of callers built under an older value is dropped before use.
     replicas_gen: AtomicU64,
@@ -205,6 +209,7 @@ impl MemoryCoordinator {
                 .collect(),
             shard_hasher: foldhash::fast::RandomState::default(),
             replicas: RwLock::new(HashMap::default()),
+            membership: Mutex::new(()),
             replicas_gen: AtomicU64::new(0),
             last_token: AtomicU64::new(0),
             base,
@@ -229,52 +234,6 @@ impl MemoryCoordinator {
     /// renewal thread is needed.
     pub(crate) fn local() -> Self {
         Self::with_settings(FOREVER, DEFAULT_DEDUP_WINDOW)
-    }
-
-    /// Attaches `replica`'s run `incarnation` (see `Coordinator::attach_incarnation`).
-    fn attach_run(
-        &self,
-        replica: &ReplicaId,
-        incarnation: Option<u64>,
-        sink: GrantSink,
-    ) -> Result<(), BackendError> {
-        let now = self.clock.now();
-        let mut replicas = self.replicas.write();
-        let present = |r: &Arc<ReplicaEntry>| self.present_until(r) >= self.ns(now);
-        if replicas.get(replica).is_some_and(present) {
-            // Two live replicas with one id would take each other's grants, and a
-            // crashed one may still hold leases.
-            return Err(BackendError::new(format!(
-                "replica id {replica:?} is already in use (by a live replica, or by one that \
-                 crashed less than 1.25 lease TTLs ago)"
-            )));
-        }
-        let entry = ReplicaEntry {
-            sink,
-            incarnation,
-            alive_until: AtomicU64::new(self.ns(now + self.ttl)),
-        };
-        replicas.insert(replica.clone(), Arc::new(entry));
-        // A shard may cache an earlier entry of this id (see `ShardCell::callers`).
-        self.replicas_gen.fetch_add(1, Ordering::Release);
-        Ok(())
-    }
-
-    /// A clean stop of `replica`: its entry goes, and every chat it held or waited
-    /// for moves on.
-    fn detach_all(&self, replica: &ReplicaId) {
-        {
-            let mut replicas = self.replicas.write();
-            replicas.remove(replica);
-            self.replicas_gen.fetch_add(1, Ordering::Release);
-        }
-        let mut pushes = ChatPushes::new();
-        self.with_env(self.clock.now(), None, |env| {
-            for shard in self.shards.iter() {
-                shard.lock().table.detach(env, replica, &mut pushes);
-            }
-        });
-        self.push_chats(pushes);
     }
 
     /// How many chats currently have state (a holder or waiters): 0 when all are idle.
@@ -539,9 +498,8 @@ impl Coordinator for MemoryCoordinator {
         self.attach_run(replica, Some(incarnation), sink)
     }
 
-    fn detach(&self, replica: &ReplicaId, _held: &[HeldLease<'_>]) -> Result<(), BackendError> {
-        self.detach_all(replica);
-        Ok(())
+    fn detach(&self, replica: &ReplicaId, held: &[HeldLease<'_>]) -> Result<(), BackendError> {
+        self.detach_run(replica, None, held)
     }
 
     fn detach_incarnation(
@@ -550,29 +508,7 @@ impl Coordinator for MemoryCoordinator {
         incarnation: u64,
         held: &[HeldLease<'_>],
     ) -> Result<(), BackendError> {
-        let later = self
-            .replicas
-            .read()
-            .get(replica)
-            .and_then(|e| e.incarnation)
-            .is_some_and(|attached| attached != incarnation);
-        if !later {
-            self.detach_all(replica);
-            return Ok(());
-        }
-        // A stale run (it stalled past its liveness and a later run took the id
-        // over): its own leases, still held under their tokens, are given up; the
-        // later run's turns and tickets share the id and stay.
-        log::warn!(
-            target: "botmesh::memory",
-            "replica {replica:?}: a stop of an earlier run (incarnation {incarnation}) \
-             after a later run attached; releasing only its {} lease(s)",
-            held.len()
-        );
-        for lease in held {
-            self.release(lease, None)?;
-        }
-        Ok(())
+        self.detach_run(replica, Some(incarnation), held)
     }
 
     fn enqueue(&self, req: &EnqueueRequest<'_>) -> Result<Enqueued, BackendError> {

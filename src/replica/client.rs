@@ -103,7 +103,7 @@ pub(crate) struct Inner {
     /// without it (no coordination) the timer does.
     pub(crate) ticking: AtomicBool,
     /// The last ticket sequence number handed out.
-    seq: AtomicU64,
+    pub(super) seq: AtomicU64,
     /// The first sequence number of this incarnation: tickets below it are a dead
     /// predecessor's with the same id (a restarted process), whose grants nobody here
     /// waits for and which are released at once. Also the incarnation named at attach

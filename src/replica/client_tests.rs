@@ -278,43 +278,6 @@ fn tick(r: &Arc<Inner>) {
     r.renew_once(&mut last_ok);
 }
 
-/// A replica that stalled past its liveness (1.25 TTLs without a renewal) while a
-/// later run of its id took the id over, then stops cleanly: its stop gives up its
-/// own lease and leaves the later run holding its turn. It used to detach the id,
-/// freeing the later run's turns while that run still acted on them: two holders of
-/// one chat (a breaker's find, session 13).
-#[test]
-fn a_stale_runs_stop_leaves_the_later_run_of_its_id_holding_its_turns() {
-    let w = World::new();
-    let old = w.replica("r");
-    let x = w.replica("x");
-    let old_turn = turn(&take(&old, "a", None));
-    // The old run stalls: x renews, it does not, for 13 s (past 1.25 x the 10 s TTL).
-    for _ in 0..13 {
-        w.clock.advance(Duration::from_secs(1));
-        tick(&x);
-    }
-    let new = w.replica("r");
-    assert_ne!(new.first_seq, old.first_seq, "two runs, two incarnations");
-    let new_turn = turn(&take(&new, "b", None));
-    // The stale run wakes up and stops cleanly.
-    old.finish_stop(false);
-    assert!(old_turn.is_lost());
-    let waits = take(&x, "b", None);
-    assert!(
-        waits.try_recv().is_err(),
-        "x must wait for b: the later run still holds it"
-    );
-    assert!(!new_turn.is_lost());
-    turn(&take(&x, "a", None)).release().expect("a is free");
-    new_turn.release().expect("the later run still held b");
-    turn(&waits).release().expect("x gets b after it");
-    // The later run is still attached: its next turn is granted as usual.
-    turn(&take(&new, "c", None))
-        .release()
-        .expect("still attached");
-}
-
 /// The re-check's snapshot of waiting tickets is older than its answer: a ticket
 /// granted and released in between reads as gone. That must not re-queue the chat's
 /// other tickets, which are still validly queued: doing so once queued them twice
@@ -796,3 +759,6 @@ mod push;
 
 #[path = "release_tests.rs"]
 mod release;
+
+#[path = "incarnation_tests.rs"]
+mod incarnation;

@@ -117,6 +117,14 @@ impl Inner {
         }
         match self.take_in_hand(grant.ticket.seq) {
             Some((w, _in_hand)) => self.use_grant(chat, w, grant, sent, confirm),
+            // A ticket number this run never drew: a later run's of the same id (this
+            // one stalled past its liveness and was replaced; the re-check of one of
+            // our tickets answers with the grant the chat's holder of our id has). It
+            // is that run's to use or release, never ours (a breaker's find, session
+            // 14: releasing it as a suspect freed the later run's turn).
+            None if grant.ticket.seq > self.seq.load(Ordering::Acquire) => {
+                log::debug!(target: "botmesh::replica", "grant {} on chat {chat:?} is a later run's", grant.ticket);
+            }
             None => {
                 // The same grant reached us twice (a push, a release's reply, the
                 // re-check, a cancel that found it granted); whoever took the waiter
