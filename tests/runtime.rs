@@ -56,6 +56,32 @@ fn local_mode_keeps_order_and_exclusion() {
 }
 
 /// A failing or panicking handler is reported once; the worker pool keeps its size.
+/// The default replica id names the host and the process, so that bots in containers
+/// (often all pid 1) still differ (a breaker's note, session 14).
+#[test]
+fn the_default_id_names_the_host_and_the_process() {
+    let bot = Bot::builder().handler(|_| Ok(())).build().expect("bot");
+    let id = bot.id().to_owned();
+    bot.shutdown();
+    let host: String = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_default()
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        .take(63)
+        .collect();
+    let host = if host.is_empty() {
+        "host".to_owned()
+    } else {
+        host
+    };
+    let expected = format!("replica-{host}-{}-", std::process::id());
+    assert!(
+        id.starts_with(&expected),
+        "{id} should start with {expected}"
+    );
+}
+
 #[test]
 fn handler_failures_are_reported_and_workers_survive() {
     let (err_tx, err_rx) = unbounded();

@@ -142,7 +142,10 @@ impl std::fmt::Debug for BotBuilder {
 
 impl BotBuilder {
     /// This replica's id, unique among the replicas sharing the coordinator. Default:
-    /// `replica-<pid>-<n>`.
+    /// `replica-<host>-<pid>-<n>`, the host's name (as the kernel has it; its letters,
+    /// digits, `.`, `_` and `-`, at most 63) so that containers, where every bot is
+    /// often pid 1, still differ; a restarted process on the same host may reuse its
+    /// predecessor's id, which the backends expect.
     pub fn id(mut self, id: impl Into<String>) -> Self {
         self.id = Some(id.into());
         self
@@ -277,11 +280,8 @@ impl BotBuilder {
             )));
         }
         let id = self.id.unwrap_or_else(|| {
-            format!(
-                "replica-{}-{}",
-                std::process::id(),
-                NEXT.fetch_add(1, Ordering::Relaxed)
-            )
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            format!("replica-{}-{}-{n}", host_name(), std::process::id())
         });
         if id.is_empty() {
             return Err(StartError::Config(ConfigError::new(
@@ -451,5 +451,26 @@ impl Bot {
             flows: Vec::new(),
             sender: None,
         }
+    }
+}
+
+/// The host's name for default replica ids: the kernel's (`/proc/sys/kernel/hostname`,
+/// else `$HOSTNAME`), cut to the characters an id shows plainly; `host` when neither
+/// is readable.
+fn host_name() -> String {
+    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default();
+    let name: String = raw
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        .take(63)
+        .collect();
+    if name.is_empty() {
+        "host".to_owned()
+    } else {
+        name
     }
 }
