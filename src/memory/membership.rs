@@ -23,7 +23,7 @@ impl MemoryCoordinator {
         incarnation: Option<u64>,
         sink: GrantSink,
     ) -> Result<(), BackendError> {
-        let _one_at_a_time = self.membership.lock();
+        let one_at_a_time = self.membership.lock();
         let now = self.clock.now();
         let earlier = {
             let mut replicas = self.replicas.write();
@@ -40,9 +40,11 @@ impl MemoryCoordinator {
             self.replicas_gen.fetch_add(1, Ordering::Release);
             earlier
         };
-        if earlier {
-            self.clear_tickets(replica);
-        }
+        let pushes = if earlier {
+            self.clear_tickets(replica)
+        } else {
+            ChatPushes::new()
+        };
         let entry = ReplicaEntry {
             sink,
             incarnation,
@@ -53,6 +55,9 @@ impl MemoryCoordinator {
             .insert(replica.clone(), Arc::new(entry));
         // A shard may cache an earlier entry of this id (see `ShardCell::callers`).
         self.replicas_gen.fetch_add(1, Ordering::Release);
+        // Sinks are called with no lock held: one may wait on another attach.
+        drop(one_at_a_time);
+        self.push_chats(pushes);
         Ok(())
     }
 
@@ -67,7 +72,7 @@ impl MemoryCoordinator {
         incarnation: Option<u64>,
         held: &[HeldLease<'_>],
     ) -> Result<(), BackendError> {
-        let _one_at_a_time = self.membership.lock();
+        let one_at_a_time = self.membership.lock();
         let later = {
             let mut replicas = self.replicas.write();
             let attached = replicas.get(replica).and_then(|e| e.incarnation);
@@ -79,9 +84,14 @@ impl MemoryCoordinator {
             later
         };
         if !later {
-            self.clear_tickets(replica);
+            let pushes = self.clear_tickets(replica);
+            drop(one_at_a_time);
+            self.push_chats(pushes);
             return Ok(());
         }
+        // The later run stays attached whatever this releases: no lock is needed for
+        // it, and the sinks its releases push to are called with none held.
+        drop(one_at_a_time);
         log::warn!(
             target: "botmesh::memory",
             "replica {replica:?}: a stop of an earlier run (incarnation {incarnation:?}) \
@@ -95,14 +105,15 @@ impl MemoryCoordinator {
     }
 
     /// Frees every chat `replica` (no longer attached) holds and removes its queued
-    /// tickets, pushing the grants this makes to the next waiters.
-    fn clear_tickets(&self, replica: &ReplicaId) {
+    /// tickets; returns the grants this makes to the next waiters, for the caller to
+    /// push once it holds no lock.
+    fn clear_tickets(&self, replica: &ReplicaId) -> ChatPushes {
         let mut pushes = ChatPushes::new();
         self.with_env(self.clock.now(), None, |env| {
             for shard in self.shards.iter() {
                 shard.lock().table.detach(env, replica, &mut pushes);
             }
         });
-        self.push_chats(pushes);
+        pushes
     }
 }

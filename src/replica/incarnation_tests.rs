@@ -152,3 +152,54 @@ fn a_stale_stop_racing_a_later_attach_never_detaches_it() {
         );
     }
 }
+
+/// A detach hands a chat to another replica's ticket; that replica's sink needs an
+/// attach done on another thread before it returns (a sink handing work to a thread
+/// that starts a replica). Sinks are called with no lock of attach or detach held, so
+/// the attach goes through (a breaker's find, session 14: the push ran under the lock
+/// that serialises attach and detach, and the two waited for each other).
+#[test]
+fn a_detachs_pushes_run_with_no_membership_lock_held() {
+    let c = Arc::new(MemoryCoordinator::with_clock(
+        Duration::from_secs(10),
+        Duration::from_secs(600),
+        Clock::fake(),
+    ));
+    let a: ReplicaId = Arc::from("a");
+    let b: ReplicaId = Arc::from("b");
+    c.attach(&a, Arc::new(|_: &str, _| {})).expect("a attaches");
+    let (done_tx, done_rx) = crossbeam_channel::bounded::<bool>(1);
+    let c2 = c.clone();
+    let sink: GrantSink = Arc::new(move |_: &str, _| {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let c3 = c2.clone();
+        std::thread::spawn(move || {
+            let z: ReplicaId = Arc::from("z");
+            let _ = tx.send(c3.attach(&z, Arc::new(|_: &str, _| {})).is_ok());
+        });
+        let attached = rx.recv_timeout(Duration::from_secs(20)).unwrap_or(false);
+        let _ = done_tx.send(attached);
+    });
+    c.attach(&b, sink).expect("b attaches");
+    let request = |ticket| EnqueueRequest {
+        chat: "c",
+        ticket,
+        message_id: None,
+        wait: Duration::from_secs(60),
+    };
+    let (ta, tb) = (
+        crate::Ticket {
+            replica: a.clone(),
+            seq: 1,
+        },
+        crate::Ticket {
+            replica: b.clone(),
+            seq: 1,
+        },
+    );
+    assert!(matches!(c.enqueue(&request(&ta)), Ok(Enqueued::Granted(_))));
+    assert_eq!(c.enqueue(&request(&tb)).ok(), Some(Enqueued::Queued));
+    c.detach(&a, &[]).expect("a detaches");
+    let attached = done_rx.recv_timeout(Duration::from_secs(30));
+    assert_eq!(attached.ok(), Some(true), "the attach the sink waited for");
+}
