@@ -36,8 +36,8 @@ use crate::clock::Clock;
 use crate::coordinator::{
     BackendError, ChatView, Coordinator, DEFAULT_DEDUP_IDS, DEFAULT_DEDUP_WINDOW,
     DEFAULT_LEASE_TTL, EnqueueRequest, Enqueued, Grant, GrantSink, HISTORY, HeldLease, LeaderView,
-    LeaseName, MAX_DEDUP_IDS, MeshView, Released, Renewal, ReplicaId, Token, Waiting, lease_name,
-    stored_name,
+    LeaseName, MAX_DEDUP_IDS, MeshView, Released, Renewal, ReplicaId, Ticket, Token, Waiting,
+    lease_name, stored_name,
 };
 
 pub(crate) mod capacity;
@@ -108,6 +108,20 @@ struct ReplicaEntry {
     /// an atomic, so that every enqueue can push it forward (as Redis refreshes the
     /// replica's field in the chat) under the read lock alone.
     alive_until: AtomicU64,
+}
+
+impl ReplicaEntry {
+    /// Until when `ticket` of this entry's id is alive: the entry's liveness, or
+    /// `None` for a ticket below the attached run's first ticket number, a replaced
+    /// run's (it stalled past its liveness and a later run took the id over; a grant
+    /// to it would reach the later run, which would release it as a predecessor's,
+    /// while the stalled run might still use it).
+    fn alive_for(&self, ticket: &Ticket) -> Option<u64> {
+        if self.incarnation.is_some_and(|first| ticket.seq < first) {
+            return None;
+        }
+        Some(self.alive_until.load(Ordering::Acquire))
+    }
 }
 
 /// One shard: its part of the chat table and the callers it has seen.
@@ -347,10 +361,9 @@ impl MemoryCoordinator {
         if let Some((_, entry)) = caller {
             self.refresh(entry, now_ns);
         }
-        let alive = |e: &Arc<ReplicaEntry>| e.alive_until.load(Ordering::Acquire);
-        let alive_until = |r: &ReplicaId| match caller {
-            Some((id, entry)) if same_replica(id, r) => Some(alive(entry)),
-            _ => replicas.get(r).map(alive),
+        let alive_until = |t: &Ticket| match caller {
+            Some((id, entry)) if same_replica(id, &t.replica) => entry.alive_for(t),
+            _ => replicas.get(&t.replica).and_then(|e| e.alive_for(t)),
         };
         let next_token = || self.next_token();
         f(&self.env(now, now_ns, &alive_until, &next_token))
@@ -361,7 +374,7 @@ impl MemoryCoordinator {
         &self,
         now: Instant,
         now_ns: u64,
-        alive_until: &'a dyn Fn(&ReplicaId) -> Option<u64>,
+        alive_until: &'a dyn Fn(&Ticket) -> Option<u64>,
         next_token: &'a dyn Fn() -> Token,
     ) -> Env<'a> {
         Env {
@@ -430,15 +443,15 @@ impl MemoryCoordinator {
                 }
             }
             let others = OnceCell::new();
-            let alive_until = |r: &ReplicaId| match caller {
-                Some((id, entry)) if same_replica(id, r) => {
+            let alive_until = |t: &Ticket| match caller {
+                Some((id, entry)) if same_replica(id, &t.replica) => {
                     // The call itself is a sign of life (see `Refresh`).
-                    Some(entry.alive_until.load(Ordering::Acquire).max(in_call))
+                    entry.alive_for(t).map(|alive| alive.max(in_call))
                 }
                 _ => others
                     .get_or_init(|| self.replicas.read())
-                    .get(r)
-                    .map(|e| e.alive_until.load(Ordering::Acquire)),
+                    .get(&t.replica)
+                    .and_then(|e| e.alive_for(t)),
             };
             let next_token = || self.next_token();
             let env = self.env(now, now_ns, &alive_until, &next_token);

@@ -56,15 +56,17 @@ pub(crate) struct Env<'a> {
     pub(crate) dedup_ids: usize,
     /// Until when a replica is alive (its last renewal + TTL), in ns as `now_ns`;
     /// `None` when it is not attached.
-    pub(crate) alive_until: &'a dyn Fn(&ReplicaId) -> Option<u64>,
+    /// A ticket of a replaced run of its id (one below the attached run's first
+    /// ticket number, see `Coordinator::attach_incarnation`) is dead: `None`.
+    pub(crate) alive_until: &'a dyn Fn(&Ticket) -> Option<u64>,
     /// The next fencing token: one counter for all chats, so tokens keep rising after
     /// an idle chat's state is dropped.
     pub(crate) next_token: &'a dyn Fn() -> Token,
 }
 
 impl Env<'_> {
-    fn alive(&self, replica: &ReplicaId) -> bool {
-        (self.alive_until)(replica).is_some_and(|t| t >= self.now_ns)
+    fn alive(&self, ticket: &Ticket) -> bool {
+        (self.alive_until)(ticket).is_some_and(|t| t >= self.now_ns)
     }
 }
 
@@ -214,7 +216,7 @@ fn ticket_alive(
     queue
         .iter()
         .any(|q| &q.ticket == ticket && q.deadline >= env.now)
-        && env.alive(&ticket.replica)
+        && env.alive(ticket)
 }
 
 struct Holder {
@@ -278,7 +280,7 @@ fn settle(env: &Env<'_>, chat: &mut ChatState) -> Option<Grant> {
         chat.holder = None;
     }
     while let Some(q) = chat.queue_if_any().and_then(VecDeque::pop_front) {
-        let Some(alive_until) = (env.alive_until)(&q.ticket.replica) else {
+        let Some(alive_until) = (env.alive_until)(&q.ticket) else {
             continue; // detached
         };
         if q.deadline < env.now || alive_until < env.now_ns {
@@ -500,9 +502,7 @@ impl Shard {
         }
         if chat.is_idle() {
             // The uncontended path: a free chat is granted without queueing.
-            if let Some(alive_until) =
-                (env.alive_until)(&req.ticket.replica).filter(|t| *t >= env.now_ns)
-            {
+            if let Some(alive_until) = (env.alive_until)(req.ticket).filter(|t| *t >= env.now_ns) {
                 return Enqueued::Granted(grant(env, chat, req.ticket.clone(), alive_until));
             }
         }
@@ -538,7 +538,7 @@ impl Shard {
             // Duplicate suppression is the full enqueue's job.
             return None;
         }
-        let alive_until = (env.alive_until)(&req.ticket.replica).filter(|t| *t >= env.now_ns)?;
+        let alive_until = (env.alive_until)(req.ticket).filter(|t| *t >= env.now_ns)?;
         let chat = self.entry(env.now_ns, req.chat);
         if !chat.is_idle() {
             return None;

@@ -69,7 +69,7 @@ impl Fixture {
         now: Instant,
         f: impl FnOnce(&mut Shard, &Env<'_>, &mut Pushes) -> T,
     ) -> T {
-        let alive = |r: &ReplicaId| self.alive.borrow().get(r).copied();
+        let alive = |t: &Ticket| self.alive.borrow().get(&t.replica).copied();
         let next = || {
             self.tokens.set(self.tokens.get() + 1);
             self.tokens.get()

@@ -112,6 +112,31 @@ fn a_later_runs_attach_clears_the_stalled_runs_tickets() {
         .expect("the later run takes c");
 }
 
+/// The stalled run wakes up and takes a new message for "c" after the later run
+/// attached: its new ticket is below the later run's first ticket number, so the
+/// memory backend counts it dead. It is never granted: not pushed to the later run
+/// (which would release it as a predecessor's), not found granted by the stalled
+/// run's stop (which would run it). Both once happened: two holders of "c" (a
+/// breaker's find, session 14).
+#[test]
+fn a_stalled_runs_new_ticket_after_a_later_attach_is_never_granted() {
+    let w = World::new();
+    let (_x, old, _new, x_turn, _old_wait) = stalled_and_replaced(&w);
+    let late_wait = take(&old, "c", None);
+    *w.backend.held_pushes.lock() = Some(Vec::new());
+    x_turn.release().expect("x releases");
+    old.cancel_waiters();
+    assert!(
+        !matches!(late_wait.try_recv(), Ok(Ok(_))),
+        "the stalled run ran a ticket it drew after the later run attached"
+    );
+    let pushes = w.backend.held_pushes.lock().take().unwrap_or_default();
+    let granted: Vec<_> = pushes.iter().map(|(chat, g, _)| (chat, g)).collect();
+    assert!(granted.is_empty(), "nothing was granted to r: {granted:?}");
+    let y = w.replica("y");
+    turn(&take(&y, "c", None)).release().expect("c is free");
+}
+
 /// A stale run's stop and a later run's attach of the same id, started together on
 /// two threads, 3,000 times (either may come first, or they overlap): the later run
 /// is never detached by the stale stop. A breaker found 262 losses in 100,000 rounds
