@@ -11,9 +11,9 @@ pub type Token = u64;
 
 /// The name of one replica, unique among the replicas sharing a coordinator:
 /// non-empty, free of NUL characters and at most
-/// [`MAX_REPLICA_ID_BYTES`](crate::MAX_REPLICA_ID_BYTES) (`Replica::start` refuses other ids, and
-/// `RedisCoordinator` refuses calls for them, since its records use NUL as a
-/// separator).
+/// [`MAX_REPLICA_ID_BYTES`](crate::MAX_REPLICA_ID_BYTES) (`Replica::start` refuses
+/// other ids, and `RedisCoordinator` refuses calls for them, since its records use
+/// NUL as a separator).
 pub type ReplicaId = Arc<str>;
 
 /// One place in a chat's queue: the replica that asked and a sequence number unique

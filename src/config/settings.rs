@@ -128,8 +128,9 @@ pub struct CoordinationConfig {
 pub enum CoordinatorConfig {
     /// An in-process backend ([`MemoryCoordinator`](crate::MemoryCoordinator)), built
     /// from these options; in files `{"memory": {}}` or
-    /// `{"memory": {"leaseTtl": "10s", "dedupWindow": "10m", "chatCapacity": 50000}}`. **Every bot built from
-    /// it creates its own coordinator**; see [`CoordinationConfig::shared`].
+    /// `{"memory": {"leaseTtl": "10s", "dedupWindow": "10m", "chatCapacity": 50000}}`.
+    /// **Every bot built from it creates its own coordinator**; see
+    /// [`CoordinationConfig::shared`].
     Memory(MemoryOptions),
     /// A Redis (or Valkey) server shared by replicas in any number of processes, reached
     /// with these options ([`RedisCoordinator`](crate::redis::RedisCoordinator)); only

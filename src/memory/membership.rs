@@ -37,7 +37,10 @@ impl MemoryCoordinator {
                 )));
             }
             let earlier = replicas.remove(replica).is_some();
-            self.replicas_gen.fetch_add(1, Ordering::Release);
+            if earlier {
+                // No shard may go on using the removed entry from its cache.
+                self.replicas_gen.fetch_add(1, Ordering::Release);
+            }
             earlier
         };
         let pushes = if earlier {

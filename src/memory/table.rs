@@ -54,10 +54,10 @@ pub(crate) struct Env<'a> {
     pub(crate) dedup_window: Duration,
     /// Handled message ids each chat remembers at least (the `dedup_ids` option).
     pub(crate) dedup_ids: usize,
-    /// Until when a replica is alive (its last renewal + TTL), in ns as `now_ns`;
-    /// `None` when it is not attached.
-    /// A ticket of a replaced run of its id (one below the attached run's first
-    /// ticket number, see `Coordinator::attach_incarnation`) is dead: `None`.
+    /// Until when a ticket's replica is alive (its last renewal + TTL), in ns as
+    /// `now_ns`; `None` when it is not attached, or when the ticket is a replaced
+    /// run's (below the attached run's first ticket number, see
+    /// `Coordinator::attach_incarnation`).
     pub(crate) alive_until: &'a dyn Fn(&Ticket) -> Option<u64>,
     /// The next fencing token: one counter for all chats, so tokens keep rising after
     /// an idle chat's state is dropped.
@@ -198,6 +198,11 @@ impl ChatState {
             .and_then(|e| e.dedup.as_ref())
             .is_some_and(|d| d.until >= now || self.idle_until >= now_ns)
     }
+}
+
+/// The earlier of a lower bound of ends (`None`: no end yet) and `end`.
+fn earliest(bound: Option<u64>, end: u64) -> u64 {
+    bound.map_or(end, |b| b.min(end))
 }
 
 /// Whether `ticket` still holds the chat or waits in it, alive. Takes the chat's
@@ -403,7 +408,7 @@ impl Shard {
         self.chats.take_if(idle, |h, name, c| {
             if let Some(previous) = c.previous.filter(|_| c.idle_until >= now_ns) {
                 let until = c.idle_until;
-                *oldest = Some(oldest.map_or(until, |o| o.min(until)));
+                *oldest = Some(earliest(*oldest, until));
                 history.insert_new(h, name, Past { previous, until });
             }
         });
@@ -414,7 +419,7 @@ impl Shard {
                 self.history.retain(|p| {
                     let keep = p.until >= now_ns;
                     if keep {
-                        left = Some(left.map_or(p.until, |o| o.min(p.until)));
+                        left = Some(earliest(left, p.until));
                     }
                     keep
                 });

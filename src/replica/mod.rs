@@ -74,13 +74,13 @@ impl Replica {
     /// # Errors
     /// [`BackendError`] when the coordinator cannot be reached, when a thread cannot
     /// be spawned, when `id` is empty, holds a NUL or is over
-    /// [`MAX_REPLICA_ID_BYTES`](crate::MAX_REPLICA_ID_BYTES), when another live replica uses
-    /// `id` (or one that crashed less than 1.25 TTLs ago; the memory backend only: Redis
-    /// cannot tell two live replicas with one id apart, so give each process its own),
-    /// or when the coordinator's lease
-    /// TTL is under [`MemoryOptions::MIN_LEASE_TTL`](crate::MemoryOptions::MIN_LEASE_TTL)
-    /// (10 ms: renewed every TTL/3, a shorter lease would be lost between renewals),
-    /// as `Bot::build` and the configuration refuse it.
+    /// [`MAX_REPLICA_ID_BYTES`](crate::MAX_REPLICA_ID_BYTES), when another live replica
+    /// uses `id` (or one that crashed less than 1.25 TTLs ago; the memory backend
+    /// only: Redis cannot tell two live replicas with one id apart, so give each
+    /// process its own), or when the coordinator's lease TTL is under
+    /// [`MemoryOptions::MIN_LEASE_TTL`](crate::MemoryOptions::MIN_LEASE_TTL) (10 ms:
+    /// renewed every TTL/3, a shorter lease would be lost between renewals), as
+    /// `Bot::build` and the configuration refuse it.
     pub fn start(
         id: impl Into<String>,
         coordinator: Arc<dyn Coordinator>,
